@@ -1,0 +1,123 @@
+"""Start a server process, wait until it answers, and stop it by its pid: never leak one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_until(
+    check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05
+) -> None:
+    """Poll ``check`` until it is true; raise TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Server:
+    """A child process with its log file. ``stop`` is idempotent."""
+
+    name: str
+    argv: Sequence[str]
+    log: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> Server:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(self.env or {})},
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group: we stop its children too
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float = 60.0) -> Server:
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited early; last lines:\n{self.tail()}")
+            return check()
+
+        try:
+            wait_until(ready, timeout=timeout, what=f"{self.name} to answer")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; last lines of {self.log}:\n{self.tail()}") from None
+        return self
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once, as a crash would."""
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after ``timeout`` seconds."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # children left in the group (a shell's, node's workers) go too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def cache_dir() -> Path:
+    """Where built binaries and installed tools live, outside the work tree."""
+    return Path(os.environ.get("O41_CACHE", Path.home() / ".cache" / "o41"))
