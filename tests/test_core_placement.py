@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from o41.core.places import Locality, Place, locality
 from o41.core.placement import Candidate, PlacementRefused, Rule, place_write
+from o41.core.places import Locality, Place, locality
 
 LOCATIONS = [
     Candidate("aws-east", "aws", "us-east-1", writable=True),
@@ -77,7 +77,7 @@ def test_unwritable_locations_are_passed_over() -> None:
 
 
 def test_no_fallback_refuses_with_what_to_do() -> None:
-    with pytest.raises(PlacementRefused, match="no fallback location yet.*add a Location"):
+    with pytest.raises(PlacementRefused, match=r"no fallback location yet.*add a Location"):
         choose(place("aws", "us-east-1"), fallback=None)
 
 

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+
 from fixtures.kube import Kube
 
 pytestmark = pytest.mark.kube
@@ -59,16 +60,12 @@ def test_version_is_the_pinned_release(kube: Kube) -> None:
 
 def test_kubectl_round_trips_namespace_configmap_and_crd(kube: Kube) -> None:
     kube.kubectl("create", "namespace", "smoke")
-    kube.kubectl(
-        "-n", "smoke", "create", "configmap", "greeting", "--from-literal=hello=world"
-    )
+    kube.kubectl("-n", "smoke", "create", "configmap", "greeting", "--from-literal=hello=world")
     got = json.loads(kube.kubectl("-n", "smoke", "get", "configmap", "greeting", "-o", "json"))
     assert got["data"] == {"hello": "world"}
 
     kube.kubectl("apply", "-f", "-", input=json.dumps(CRD))
-    kube.kubectl(
-        "wait", "--for=condition=Established", "crd/widgets.smoke.o41.io", "--timeout=60s"
-    )
+    kube.kubectl("wait", "--for=condition=Established", "crd/widgets.smoke.o41.io", "--timeout=60s")
     widget = {
         "apiVersion": "smoke.o41.io/v1",
         "kind": "Widget",
@@ -90,11 +87,20 @@ def test_kubectl_round_trips_namespace_configmap_and_crd(kube: Kube) -> None:
 def test_deployment_becomes_available_on_kwok_nodes(kube: Kube) -> None:
     kube.kubectl("create", "namespace", "smoke-deploy")
     kube.kubectl(
-        "-n", "smoke-deploy", "create", "deployment", "web", "--image=example.invalid/web:1",
+        "-n",
+        "smoke-deploy",
+        "create",
+        "deployment",
+        "web",
+        "--image=example.invalid/web:1",
         "--replicas=2",
     )
     kube.kubectl(
-        "-n", "smoke-deploy", "wait", "--for=condition=Available", "deployment/web",
+        "-n",
+        "smoke-deploy",
+        "wait",
+        "--for=condition=Available",
+        "deployment/web",
         "--timeout=90s",
     )
     pods = json.loads(kube.kubectl("-n", "smoke-deploy", "get", "pods", "-o", "json"))["items"]

@@ -47,7 +47,7 @@ class EtcdCluster:
     binary: Path
     directory: Path
     size: int = 3
-    token: str = "o41-testbed"
+    token: str = "o41-testbed"  # noqa: S105 - a cluster token, not a secret
     members: list[EtcdMember] = field(default_factory=list)
 
     @property

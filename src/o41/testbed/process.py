@@ -29,15 +29,36 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+_detached = False
+
+
+def detach() -> None:
+    """Servers started from now on outlive this process (``make dev-up``); by default a
+    server dies with the process that started it, so a killed test run leaves no strays."""
+    global _detached
+    _detached = True
+
+
+class GaveUp(Exception):
+    """Raised by a check to stop waiting at once (the process it waits for has died)."""
+
+
 def wait_until(
     check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05
 ) -> None:
-    """Poll ``check`` until it is true; raise TimeoutError naming ``what`` otherwise."""
+    """Poll ``check`` until it is true; raise TimeoutError naming ``what`` otherwise.
+
+    A check that raises counts as "not yet", except ``GaveUp``, which ends the wait.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(Exception):
+        try:
             if check():
                 return
+        except GaveUp:
+            raise
+        except Exception:  # noqa: S110 - not up yet (connection refused, 503...)
+            pass
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
@@ -65,6 +86,7 @@ class Server:
                 env={**os.environ, **(self.env or {})},
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group: we stop its children too
+                preexec_fn=None if _detached else _die_with_parent,
             )
         return self
 
@@ -79,7 +101,7 @@ class Server:
     def wait_ready(self, check: Callable[[], bool], timeout: float = 60.0) -> Server:
         def ready() -> bool:
             if not self.alive():
-                raise RuntimeError(f"{self.name} exited early; last lines:\n{self.tail()}")
+                raise GaveUp(f"{self.name} exited early; last lines:\n{self.tail()}")
             return check()
 
         try:
@@ -116,6 +138,14 @@ class Server:
         # children left in the group (a shell's, node's workers) go too
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL me when the test run that started me dies, even by SIGKILL."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def cache_dir() -> Path:

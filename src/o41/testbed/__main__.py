@@ -1,0 +1,45 @@
+"""``python -m o41.testbed up|down|demo``: the local stack for people and scripts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m o41.testbed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the stack in the background; write DIR/env")
+    up.add_argument("--dir", type=Path, default=Path(".dev"))
+    down = sub.add_parser("down", help="stop what `up` started, by pid")
+    down.add_argument("--dir", type=Path, default=Path(".dev"))
+    sub.add_parser("demo", help="start the stack, run the main job on it, stop it")
+    args = parser.parse_args(argv)
+
+    from o41.testbed.stack import Stack, stop_recorded
+
+    if args.command == "up":
+        directory = args.dir.resolve()
+        if (directory / "pids.json").exists():
+            print(f"{directory} already has a running stack: `make dev-down` first")
+            return 1
+        from o41.testbed.process import detach
+
+        detach()
+        stack = Stack(directory).start()
+        print(f"stack up; {len(stack.servers())} processes recorded in {directory}/pids.json")
+        print(f"  source {directory}/env")
+        print("  kubectl get nodes")
+        return 0
+    if args.command == "down":
+        stopped = stop_recorded(args.dir.resolve())
+        print("\n".join(f"stopped {s}" for s in stopped) or "nothing was running")
+        return 0
+    from o41.testbed.demo import run
+
+    return run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

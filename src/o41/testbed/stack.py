@@ -1,0 +1,120 @@
+"""The whole local stack: control plane, state-store etcd and the three storage stand-ins.
+
+``up`` starts it and records every pid in ``<dir>/pids.json``; ``down`` stops those pids
+(SIGTERM, then SIGKILL). ``<dir>/env`` holds shell ``export`` lines for people and scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from o41.testbed.etcd import EtcdCluster
+from o41.testbed.kube import ControlPlane, bin_dir
+from o41.testbed.process import Server
+from o41.testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
+
+
+@dataclass
+class Stack:
+    directory: Path
+    control_plane: ControlPlane | None = None
+    state_store: EtcdCluster | None = None
+    s3: S3Store | None = None
+    gcs: GcsStore | None = None
+    azure: AzureStore | None = None
+    extra: list[Server] = field(default_factory=list)
+
+    def start(self) -> Stack:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        bins = bin_dir()
+        try:
+            self.control_plane = ControlPlane(self.directory / "kube", bins).start()
+            self.state_store = EtcdCluster(bins / "etcd", self.directory / "state-etcd").start()
+            self.s3 = start_s3(self.directory / "s3")
+            self.gcs = start_gcs(self.directory / "gcs")
+            self.azure = start_azure(self.directory / "azure")
+        except BaseException:
+            self.stop()
+            raise
+        self._write_records()
+        return self
+
+    def servers(self) -> list[Server]:
+        found: list[Server] = []
+        if self.control_plane is not None:
+            found += self.control_plane.servers
+            if self.control_plane.etcd is not None:
+                found += [m.server for m in self.control_plane.etcd.members if m.server]
+        if self.state_store is not None:
+            found += [m.server for m in self.state_store.members if m.server]
+        found += [s.server for s in (self.s3, self.gcs, self.azure) if s is not None]
+        return found + self.extra
+
+    def env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.control_plane is not None:
+            env["KUBECONFIG"] = str(self.control_plane.kubeconfig)
+        if self.state_store is not None:
+            env["O41_ETCD_ENDPOINTS"] = ",".join(self.state_store.endpoints)
+        for store in (self.s3, self.gcs, self.azure):
+            if store is not None:
+                env.update(store.env())
+        return env
+
+    def _write_records(self) -> None:
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.env().items())]
+        (self.directory / "env").write_text("\n".join(lines) + "\n")
+        pids = [{"name": s.name, "pid": s.pid} for s in self.servers() if s.alive()]
+        (self.directory / "pids.json").write_text(json.dumps(pids, indent=2))
+
+    def stop(self) -> None:
+        for server in reversed(self.extra):
+            server.stop()
+        for store in (self.azure, self.gcs, self.s3):
+            if store is not None:
+                store.stop()
+        if self.state_store is not None:
+            self.state_store.stop()
+        if self.control_plane is not None:
+            self.control_plane.stop()
+
+
+def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
+    """Stop every process ``up`` recorded in ``directory``; returns what was stopped."""
+    record = directory / "pids.json"
+    if not record.exists():
+        return []
+    entries = json.loads(record.read_text())
+    stopped = []
+    for entry in entries:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(entry["pid"], signal.SIGTERM)
+            stopped.append(f"{entry['name']} (pid {entry['pid']})")
+    deadline = time.monotonic() + timeout
+    for entry in entries:
+        while _alive(entry["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(entry["pid"], signal.SIGKILL)
+    record.unlink()
+    return stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a child of ours that exited is a zombie until reaped: reap it if it is ours
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
