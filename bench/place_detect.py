@@ -23,17 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from o41.client import place  # noqa: E402
 
-if TYPE_CHECKING:  # mypy names tests/ modules tests.*; at run time tests/ is on sys.path
-    from tests.metadata_fakes import AwsImds, AzureImds, GcpMetadata, closed_port_url
-else:
-    from metadata_fakes import AwsImds, AzureImds, GcpMetadata, closed_port_url
+from metadata_fakes import AwsImds, AzureImds, GcpMetadata, closed_port_url  # noqa: E402
 
 PYCACHE = tempfile.mkdtemp(prefix="o41-place-bench-pycache-")
 PLACE_VARS = (place.ENV_CLOUD, place.ENV_REGION, place.ENV_SKYPILOT)

@@ -14,32 +14,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:  # mypy names tests/ modules tests.*; pytest puts tests/ on sys.path
-    from tests.metadata_fakes import (
-        AwsImds,
-        AzureImds,
-        GcpMetadata,
-        SilentServer,
-        TrickleServer,
-        closed_port_url,
-        isolate,
-        write_dmi,
-    )
-else:
-    from metadata_fakes import (
-        AwsImds,
-        AzureImds,
-        GcpMetadata,
-        SilentServer,
-        TrickleServer,
-        closed_port_url,
-        isolate,
-        write_dmi,
-    )
 from o41.client import place as placemod
 from o41.client.place import (
     AZURE_CHASSIS_TAG,
@@ -59,6 +36,17 @@ from o41.client.place import (
     reset,
 )
 from o41.core.places import Place
+
+from metadata_fakes import (
+    AwsImds,
+    AzureImds,
+    GcpMetadata,
+    SilentServer,
+    TrickleServer,
+    closed_port_url,
+    isolate,
+    write_dmi,
+)
 
 AWS_DMI = {"sys_vendor": "Amazon EC2", "product_name": "m5.large", "bios_vendor": "Amazon EC2"}
 GCP_DMI = {"sys_vendor": "Google", "product_name": "Google Compute Engine"}

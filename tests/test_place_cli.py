@@ -9,14 +9,10 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:  # mypy names tests/ modules tests.*; pytest puts tests/ on sys.path
-    from tests.metadata_fakes import AwsImds, GcpMetadata, isolate, write_dmi
-else:
-    from metadata_fakes import AwsImds, GcpMetadata, isolate, write_dmi
+from metadata_fakes import AwsImds, GcpMetadata, isolate, write_dmi
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"

@@ -6,14 +6,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:  # mypy names tests/ modules tests.*; pytest puts tests/ on sys.path
-    from tests.metadata_fakes import AwsImds, AzureImds, GcpMetadata, isolate
-else:
-    from metadata_fakes import AwsImds, AzureImds, GcpMetadata, isolate
+from metadata_fakes import AwsImds, AzureImds, GcpMetadata, isolate
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
