@@ -4,4 +4,5 @@ pytest_plugins = [
     "fixtures.stores",
     "fixtures.kube",
     "fixtures.etcd",
+    "fixtures.operator",  # last: it imports the ones above
 ]

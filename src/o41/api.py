@@ -1,0 +1,195 @@
+"""The custom resources' shapes: one source of truth for the code and for ``crds/``.
+
+``Location`` and ``Organization`` are cluster-scoped, like cert-manager's ClusterIssuer:
+a bucket is cluster-wide infrastructure, and an Organization says which namespaces may use
+it. ``python -m o41.crd`` writes the CRD YAML from these models; a test fails when the
+files in ``crds/`` drift from them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "artifacts.o41.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+CLOUD_PATTERN = r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$"
+REGION_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+class Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SecretRef(Model):
+    """A Secret in the operator's namespace (the "cluster resource namespace")."""
+
+    secret_name: str = Field(
+        description=(
+            "Name of a Secret in the operator's namespace. Keys by backend: s3 and "
+            "s3Compatible `accessKeyId` and `secretAccessKey`; gcs `serviceAccount.json`; "
+            "azureBlob `accountKey`."
+        ),
+        pattern=NAME_PATTERN,
+        max_length=253,
+    )
+
+
+class S3Backend(Model):
+    """A bucket on Amazon S3 in the location's region (cloud must be `aws`)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        description="Override of the S3 endpoint URL (FIPS endpoints, tests); empty for AWS.",
+    )
+
+
+class GcsBackend(Model):
+    """A Google Cloud Storage bucket in the location's region (cloud must be `gcp`)."""
+
+    project: str | None = Field(
+        default=None, description="Project that owns the bucket; default: the credential's."
+    )
+    endpoint: str | None = Field(
+        default=None, description="Override of the GCS endpoint URL (tests); empty for Google."
+    )
+
+
+class AzureBlobBackend(Model):
+    """A container in an existing Azure storage account (cloud must be `azure`)."""
+
+    account_url: str = Field(
+        description="The storage account's blob endpoint, e.g. https://acct.blob.core.windows.net",
+    )
+
+
+class S3CompatibleBackend(Model):
+    """A bucket on any S3-compatible endpoint (Nebius, R2, on-prem...) with any cloud tag."""
+
+    endpoint: str = Field(
+        description="The endpoint URL, e.g. https://storage.eu-north1.nebius.cloud"
+    )
+    signing_region: str | None = Field(
+        default=None,
+        description="Region used to sign requests when it differs from the location's region.",
+    )
+    addressing_style: Literal["path", "virtual"] = Field(
+        default="path", description="Bucket addressing: path (widest support) or virtual."
+    )
+
+
+class Backend(Model):
+    """Exactly one backend: s3, gcs, azureBlob or s3Compatible."""
+
+    s3: S3Backend | None = None
+    gcs: GcsBackend | None = None
+    azure_blob: AzureBlobBackend | None = None
+    s3_compatible: S3CompatibleBackend | None = None
+
+    @property
+    def kind(self) -> str:
+        for name in ("s3", "gcs", "azure_blob", "s3_compatible"):
+            if getattr(self, name) is not None:
+                return name
+        raise ValueError("a Location needs exactly one backend")
+
+
+class LocationSpec(Model):
+    organization: str = Field(
+        description="The Organization this location belongs to.", pattern=NAME_PATTERN
+    )
+    cloud: str = Field(
+        description="Cloud tag, lower-case: aws, gcp, azure, or any tag for S3-compatible "
+        "endpoints (nebius, r2, on-prem...). Cannot change after creation.",
+        pattern=CLOUD_PATTERN,
+    )
+    region: str = Field(
+        description="The cloud's own region name (us-east-1, us-central1, westeurope, "
+        "eu-north1...). Cannot change after creation.",
+        pattern=REGION_PATTERN,
+    )
+    backend: Backend = Field(description="Where the bucket lives. Cannot change after creation.")
+    bucket: str | None = Field(
+        default=None,
+        description="Bucket (or container) name; generated from the location when empty, "
+        "valid for the backend and stable across retries. Cannot change after creation.",
+        min_length=3,
+        max_length=63,
+    )
+    credentials: SecretRef | None = Field(
+        default=None,
+        description="Credentials for the backend; when empty the operator's ambient identity "
+        "(IRSA, Workload Identity) is used.",
+    )
+    retired: bool = Field(
+        default=False,
+        description="A retired location takes no new writes; its versions stay readable. "
+        "The organization's fallback cannot be retired.",
+    )
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class LocationStatus(Model):
+    bucket: str | None = Field(default=None, description="The bucket the location writes to.")
+    endpoint: str | None = Field(default=None, description="The endpoint serving the bucket.")
+    role: str | None = Field(
+        default=None, description="fallback, default (of its cloud), both, or empty."
+    )
+    unfinished: bool = Field(
+        default=False,
+        description="Setup failed and the location never became Ready, so it took no write: "
+        "only an unfinished location can be deleted.",
+    )
+    ready_since: str | None = Field(
+        default=None, description="When the location first became Ready."
+    )
+    versions: int = Field(default=0, description="Committed versions stored here.")
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class OrganizationSpec(Model):
+    namespaces: list[Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]] = Field(
+        default_factory=list,
+        description="Namespaces whose pods may use this organization.",
+    )
+    fallback: str | None = Field(
+        default=None,
+        description="The fallback location; default: the first location added.",
+        pattern=NAME_PATTERN,
+    )
+    cloud_defaults: dict[str, str] = Field(
+        default_factory=dict,
+        description="Default location per cloud, e.g. {aws: aws-us-east-1}; default: the "
+        "first location added in each cloud.",
+    )
+
+
+class OrganizationStatus(Model):
+    fallback: str | None = Field(default=None, description="The fallback in force.")
+    cloud_defaults: dict[str, str] = Field(
+        default_factory=dict, description="The default location of each cloud in force."
+    )
+    takes_writes: bool = Field(
+        default=False, description="True once the organization has a Ready fallback."
+    )
+    locations: int = Field(default=0, description="How many Locations belong to it.")
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)

@@ -1,0 +1,248 @@
+"""Generate the CustomResourceDefinitions from the models in ``o41.api``.
+
+``python -m o41.crd crds/`` writes one YAML file per resource. Pydantic's JSON schema is
+turned into a Kubernetes structural schema (references inlined, optional unions flattened,
+titles dropped) and CEL rules are added for what one object can check alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from o41.api import (
+    GROUP,
+    VERSION,
+    LocationSpec,
+    LocationStatus,
+    OrganizationSpec,
+    OrganizationStatus,
+)
+
+Schema = dict[str, Any]
+
+IMMUTABLE = "{field} cannot change after creation: create a new Location instead"
+
+
+def structural(model: type[BaseModel]) -> Schema:
+    """The model's schema in the structural form the API server requires."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    cleaned: Schema = _clean(raw, defs)
+    return cleaned
+
+
+def _clean(node: Any, defs: dict[str, Schema]) -> Any:
+    if isinstance(node, list):
+        return [_clean(x, defs) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _clean(merged, defs)
+    if "anyOf" in node:  # Optional[X] -> X (absence means unset; no nulls stored)
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+            return _clean({**options[0], **rest}, defs)
+    out: Schema = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "default" and value is None:
+            continue
+        if key == "default" and value in ([], {}):
+            continue  # an empty default adds noise to every object
+        if key == "additionalProperties" and value is False:
+            continue  # structural schemas prune unknown fields; kubectl warns on them
+        if key == "properties":
+            out[key] = {k: _clean(v, defs) for k, v in value.items()}
+        else:
+            out[key] = _clean(value, defs)
+    return out
+
+
+def _immutable(schema: Schema, *fields: str) -> None:
+    for name in fields:
+        schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": IMMUTABLE.format(field=name)}
+        )
+
+
+def _conditions(status: Schema) -> None:
+    status["properties"]["conditions"].update(
+        {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+
+
+def location_schema() -> Schema:
+    spec = structural(LocationSpec)
+    _immutable(spec, "organization", "cloud", "region", "backend")
+    backend = spec["properties"]["backend"]
+    backend["x-kubernetes-validations"] = [
+        {
+            "rule": "[has(self.s3), has(self.gcs), has(self.azureBlob), has(self.s3Compatible)]"
+            ".filter(x, x).size() == 1",
+            "message": "set exactly one backend: s3, gcs, azureBlob or s3Compatible",
+        }
+    ]
+    spec["x-kubernetes-validations"] = [
+        {
+            "rule": "!has(self.backend.s3) || self.cloud == 'aws'",
+            "message": "an s3 backend is Amazon S3, so cloud must be aws; "
+            "use s3Compatible for other S3 endpoints",
+        },
+        {
+            "rule": "!has(self.backend.gcs) || self.cloud == 'gcp'",
+            "message": "a gcs backend is Google Cloud Storage, so cloud must be gcp",
+        },
+        {
+            "rule": "!has(self.backend.azureBlob) || self.cloud == 'azure'",
+            "message": "an azureBlob backend is Azure Blob Storage, so cloud must be azure",
+        },
+        {
+            "rule": "has(self.bucket) == has(oldSelf.bucket) && "
+            "(!has(self.bucket) || self.bucket == oldSelf.bucket)",
+            "message": IMMUTABLE.format(field="bucket"),
+        },
+    ]
+    status = structural(LocationStatus)
+    _conditions(status)
+    return _root(spec, status)
+
+
+def organization_schema() -> Schema:
+    spec = structural(OrganizationSpec)
+    status = structural(OrganizationStatus)
+    _conditions(status)
+    return _root(spec, status)
+
+
+def _root(spec: Schema, status: Schema) -> Schema:
+    return {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+READY = '.status.conditions[?(@.type=="Ready")]'
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    short: list[str],
+    description: str,
+    schema: Schema,
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    schema = {"description": description, **schema}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "o41-artifacts"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short,
+                "categories": ["o41", "artifacts"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def location_crd() -> dict[str, Any]:
+    return _crd(
+        "Location",
+        "locations",
+        ["loc", "locs"],
+        "A bucket in a cloud and region where an organization's artifact versions live. "
+        "Retired, never deleted: a retired location takes no new writes and its versions "
+        "stay readable.",
+        location_schema(),
+        [
+            {"name": "Organization", "type": "string", "jsonPath": ".spec.organization"},
+            {"name": "Cloud", "type": "string", "jsonPath": ".spec.cloud"},
+            {"name": "Region", "type": "string", "jsonPath": ".spec.region"},
+            {"name": "Ready", "type": "string", "jsonPath": f"{READY}.status"},
+            {"name": "Role", "type": "string", "jsonPath": ".status.role"},
+            {"name": "Retired", "type": "boolean", "jsonPath": ".spec.retired"},
+            {"name": "Reason", "type": "string", "jsonPath": f"{READY}.reason", "priority": 1},
+            {"name": "Bucket", "type": "string", "jsonPath": ".status.bucket", "priority": 1},
+            {"name": "Versions", "type": "integer", "jsonPath": ".status.versions", "priority": 1},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )
+
+
+def organization_crd() -> dict[str, Any]:
+    return _crd(
+        "Organization",
+        "organizations",
+        ["org", "orgs"],
+        "A group of Locations with one fallback and a default per cloud, usable from the "
+        "namespaces it lists.",
+        organization_schema(),
+        [
+            {"name": "Fallback", "type": "string", "jsonPath": ".status.fallback"},
+            {"name": "Takes Writes", "type": "boolean", "jsonPath": ".status.takesWrites"},
+            {"name": "Locations", "type": "integer", "jsonPath": ".status.locations"},
+            {"name": "Ready", "type": "string", "jsonPath": f"{READY}.status"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+    )
+
+
+def rendered() -> dict[str, str]:
+    """File name -> YAML text, exactly as kept in ``crds/``."""
+    header = "# Generated by `python -m o41.crd crds/` from o41/api.py; do not edit.\n"
+    return {
+        f"{crd['spec']['names']['plural']}.{GROUP}.yaml": header
+        + yaml.safe_dump(crd, sort_keys=False, width=100)
+        for crd in (location_crd(), organization_crd())
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    target = Path(args[0] if args else "crds")
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered().items():
+        (target / name).write_text(text)
+        print(f"wrote {target / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
