@@ -1,0 +1,76 @@
+"""The few Kubernetes API calls the operator makes itself (kopf makes the rest).
+
+Synchronous: called from kopf's sync handlers (which run in threads) or via
+``asyncio.to_thread``, never directly on the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from o41.api import GROUP, VERSION
+
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def operator_namespace() -> str:
+    """Where the operator reads Locations' credential Secrets (its own namespace)."""
+    explicit = os.environ.get("O41_OPERATOR_NAMESPACE")
+    if explicit:
+        return explicit
+    if SA_NAMESPACE.exists():
+        return SA_NAMESPACE.read_text().strip()
+    return "o41-system"
+
+
+class SecretMissing(Exception):
+    """The Secret or one of its keys is not there; the message says which."""
+
+
+@dataclass
+class Cluster:
+    namespace: str
+
+    @cached_property
+    def _api(self) -> Any:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return client.ApiClient()
+
+    def read_secret(self, name: str) -> dict[str, str]:
+        """The Secret's data, decoded. Never logged."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            secret = client.CoreV1Api(self._api).read_namespaced_secret(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                raise SecretMissing(
+                    f"Secret {self.namespace}/{name} does not exist: create it in the "
+                    f"operator's namespace {self.namespace!r}"
+                ) from None
+            raise
+        data = secret.data or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    def patch_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            client.CustomObjectsApi(self._api).patch_cluster_custom_object_status(
+                GROUP, VERSION, plural, name, {"status": status}
+            )
+        except ApiException as e:
+            if e.status != 404:  # gone meanwhile: nothing to show status on
+                raise

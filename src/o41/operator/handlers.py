@@ -1,0 +1,308 @@
+"""kopf handlers: thin, they turn objects into facts and call the core and storage.
+
+- Location: set up its bucket (idempotent, retried with backoff), record the outcome in
+  status, check it stays reachable.
+- Organization: keep the fallback and cloud defaults in force, as ``o41.core.organization``
+  says, whenever a Location or the Organization changes; post an Event for each change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kopf
+
+from o41.api import GROUP, VERSION
+from o41.core.organization import Effective, effective
+from o41.locations import bucket_ref
+from o41.operator.cluster import Cluster, SecretMissing, operator_namespace
+from o41.operator.model import (
+    LocationEntry,
+    OrganizationEntry,
+    in_order,
+    location_entry,
+    now,
+    organization_entry,
+    role,
+    with_condition,
+)
+from o41.storage import SetupFailed, open_bucket
+
+CHECK_INTERVAL = float(os.environ.get("O41_LOCATION_CHECK_INTERVAL", "60"))
+MAX_BACKOFF = float(os.environ.get("O41_MAX_BACKOFF", "300"))
+
+_cluster: Cluster | None = None
+_org_locks: dict[str, asyncio.Lock] = {}
+_in_force: dict[str, Effective] = {}
+
+
+def cluster() -> Cluster:
+    global _cluster
+    if _cluster is None:
+        _cluster = Cluster(operator_namespace())
+    return _cluster
+
+
+# --- indexes: the in-memory views the handlers and the admission webhook read ------------
+
+
+@kopf.index(GROUP, VERSION, "locations")
+def locations_by_name(
+    name: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, LocationEntry]:
+    return {name: location_entry(name, meta, spec, status)}
+
+
+@kopf.index(GROUP, VERSION, "organizations")
+def organizations_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, OrganizationEntry]:
+    return {name: organization_entry(body)}
+
+
+def one(index: kopf.Index[str, Any], key: str) -> Any | None:
+    values = list(index.get(key, []))
+    return values[0] if values else None
+
+
+def entries_of(locations: kopf.Index[str, LocationEntry], org: str) -> list[LocationEntry]:
+    return [e for key in locations for e in locations[key] if e.organization == org]
+
+
+# --- Location: the bucket -----------------------------------------------------------------
+
+
+def credentials_for(spec: Mapping[str, Any]) -> dict[str, str] | None:
+    ref = spec.get("credentials")
+    return cluster().read_secret(ref["secretName"]) if ref else None
+
+
+def _backoff(retry: int) -> float:
+    return float(min(2 ** (retry + 1), MAX_BACKOFF))
+
+
+@kopf.on.resume(GROUP, VERSION, "locations")
+@kopf.on.create(GROUP, VERSION, "locations")
+@kopf.on.update(GROUP, VERSION, "locations", field="spec")
+def set_up_bucket(
+    name: str,
+    uid: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    retry: int,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Create or adopt the bucket; on failure say why in status and retry with backoff."""
+    generation = meta.get("generation")
+    ready_since = status.get("readySince")
+    try:
+        ref = bucket_ref(name, uid, spec, credentials_for(spec))
+        ensured = open_bucket(ref).ensure(owner=uid)
+    except (SetupFailed, SecretMissing) as e:
+        reason = e.reason if isinstance(e, SetupFailed) else "SecretNotFound"
+        message = str(e)
+        patch.status["unfinished"] = ready_since is None
+        patch.status["observedGeneration"] = generation
+        patch.status["conditions"] = with_condition(
+            status.get("conditions"),
+            kind="Ready",
+            status=False,
+            reason=reason,
+            message=message,
+            generation=generation,
+        )
+        kopf.event(body, type="Warning", reason=reason, message=message)
+        delay = _backoff(retry)
+        logger.warning("bucket setup failed (%s), retrying in %.0f s: %s", reason, delay, message)
+        raise kopf.TemporaryError(message, delay=delay) from None
+
+    verb = "created" if ensured.created else "adopted"
+    where = f"{spec['cloud']}/{spec['region']}"
+    message = f"bucket {ref.bucket!r} {verb} in {where}"
+    if not ensured.region_checked:
+        message += " (this backend cannot confirm the region)"
+    was_ready = status.get("conditions") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status["conditions"]
+    )
+    patch.status["bucket"] = ref.bucket
+    patch.status["endpoint"] = ensured.endpoint
+    patch.status["unfinished"] = False
+    patch.status["readySince"] = ready_since or now()
+    patch.status["observedGeneration"] = generation
+    patch.status["conditions"] = with_condition(
+        status.get("conditions"),
+        kind="Ready",
+        status=True,
+        reason="BucketReady",
+        message=message,
+        generation=generation,
+    )
+    if not was_ready:
+        kopf.event(
+            body,
+            type="Normal",
+            reason="BucketCreated" if ensured.created else "BucketAdopted",
+            message=message,
+        )
+    if spec.get("retired") and not status.get("retiredSince"):
+        kopf.event(
+            body, type="Normal", reason="Retired", message="no new writes; versions stay readable"
+        )
+
+
+@kopf.timer(
+    GROUP, VERSION, "locations", interval=CHECK_INTERVAL, initial_delay=CHECK_INTERVAL, idle=0
+)
+def check_bucket(
+    name: str,
+    uid: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    **_: Any,
+) -> None:
+    """A bucket that was Ready can break later (deleted, credentials revoked): show it."""
+    if not status.get("readySince"):
+        return  # still being set up: set_up_bucket owns the condition
+    generation = meta.get("generation")
+    try:
+        open_bucket(bucket_ref(name, uid, spec, credentials_for(spec))).check()
+    except (SetupFailed, SecretMissing) as e:
+        reason = e.reason if isinstance(e, SetupFailed) else "SecretNotFound"
+        patch.status["conditions"] = with_condition(
+            status.get("conditions"),
+            kind="Ready",
+            status=False,
+            reason=reason,
+            message=str(e),
+            generation=generation,
+        )
+        kopf.event(body, type="Warning", reason=reason, message=str(e))
+        return
+    patch.status["conditions"] = with_condition(
+        status.get("conditions"),
+        kind="Ready",
+        status=True,
+        reason="BucketReady",
+        message=f"bucket {status.get('bucket')!r} is reachable",
+        generation=generation,
+    )
+
+
+# --- Organization: fallback and cloud defaults --------------------------------------------
+
+
+@kopf.on.event(GROUP, VERSION, "locations")  # type: ignore[arg-type]  # indexes by name
+async def location_changed(
+    spec: kopf.Spec,
+    locations_by_name: kopf.Index[str, LocationEntry],
+    organizations_by_name: kopf.Index[str, OrganizationEntry],
+    **_: Any,
+) -> None:
+    org = spec.get("organization")
+    if org:
+        await reconcile_organization(org, locations_by_name, organizations_by_name)
+
+
+@kopf.on.event(GROUP, VERSION, "organizations")  # type: ignore[arg-type]  # indexes by name
+async def organization_changed(
+    name: str,
+    type: str | None,
+    locations_by_name: kopf.Index[str, LocationEntry],
+    organizations_by_name: kopf.Index[str, OrganizationEntry],
+    **_: Any,
+) -> None:
+    if type == "DELETED":
+        _in_force.pop(name, None)
+        return
+    await reconcile_organization(name, locations_by_name, organizations_by_name)
+
+
+async def reconcile_organization(
+    org: str,
+    locations: kopf.Index[str, LocationEntry],
+    organizations: kopf.Index[str, OrganizationEntry],
+) -> None:
+    """Bring the Organization's status and its Locations' roles in line with the rules."""
+    lock = _org_locks.setdefault(org, asyncio.Lock())
+    async with lock:
+        entry: OrganizationEntry | None = one(organizations, org)
+        if entry is None:
+            return  # Locations may come first; the Organization's own event will follow
+        mine = entries_of(locations, org)
+        before = _in_force.get(org, entry.in_force)
+        after = effective(in_order(mine), entry.picks, before)
+        _in_force[org] = after
+        shown = (entry.in_force, entry.locations)
+        if (after, len(mine)) != shown or not entry.conditions:
+            status = organization_status(after, len(mine), entry.conditions)
+            await asyncio.to_thread(cluster().patch_status, "organizations", org, status)
+        if after != before:
+            _post_changes(entry, before, after)
+        for e in mine:  # only the roles that changed: 200 locations must not mean 200 patches
+            wanted = role(e.facts.name, after)
+            if wanted != e.role:
+                await asyncio.to_thread(
+                    cluster().patch_status, "locations", e.facts.name, {"role": wanted or None}
+                )
+
+
+def organization_status(
+    in_force: Effective, locations: int, conditions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    if in_force.takes_writes:
+        reason, message = "FallbackReady", f"takes writes; fallback is {in_force.fallback!r}"
+    elif in_force.fallback is None:
+        reason = "NoFallback"
+        message = "no location yet, so no writes: add a Location to this organization"
+    else:
+        reason = "FallbackNotReady"
+        message = f"the fallback {in_force.fallback!r} is not Ready yet, so no writes"
+    return {
+        "fallback": in_force.fallback,
+        "cloudDefaults": dict(in_force.cloud_defaults) or None,
+        "takesWrites": in_force.takes_writes,
+        "locations": locations,
+        "conditions": with_condition(
+            conditions,
+            kind="Ready",
+            status=in_force.takes_writes,
+            reason=reason,
+            message=message,
+            generation=None,
+        ),
+    }
+
+
+def _post_changes(entry: OrganizationEntry, before: Effective, after: Effective) -> None:
+    ref = kopf.Body(dict(entry.ref))  # type: ignore[arg-type]
+    if before.fallback != after.fallback:
+        kopf.event(
+            ref,
+            type="Normal",
+            reason="FallbackChanged",
+            message=f"fallback is now {after.fallback!r} (was {before.fallback!r})",
+        )
+    for cloud in sorted(set(before.cloud_defaults) | set(after.cloud_defaults)):
+        was, now_ = before.cloud_defaults.get(cloud), after.cloud_defaults.get(cloud)
+        if was != now_:
+            kopf.event(
+                ref,
+                type="Normal",
+                reason="CloudDefaultChanged",
+                message=f"default for {cloud} is now {now_!r} (was {was!r})",
+            )
+    if before.takes_writes != after.takes_writes:
+        kopf.event(
+            ref,
+            type="Normal",
+            reason="TakesWrites" if after.takes_writes else "StoppedWrites",
+            message="takes writes" if after.takes_writes else "no longer takes writes",
+        )

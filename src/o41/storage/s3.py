@@ -1,0 +1,545 @@
+"""Amazon S3 (kind ``s3``) and S3-compatible endpoints (kind ``s3_compatible``).
+
+On AWS the client talks to the bucket's regional endpoint with SigV4 for ``ref.region``, so
+presigned URLs work in every region (including opt-in ones, where only regional endpoints
+and SigV4 are accepted). An S3-compatible endpoint is taken as given: its region is a tag
+of the location, requests are signed for ``signing_region`` (or the region), and the
+endpoint decides where the bucket lives, so ``ensure`` cannot check the region there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import boto3
+from botocore import exceptions as bex
+from botocore.config import Config
+
+from o41.storage.base import (
+    OCTET_STREAM,
+    S3_OWNER_TAG,
+    BucketRef,
+    Ensured,
+    MultipartUpload,
+    ObjectStat,
+    Reason,
+    SetupFailed,
+    SignedRequest,
+    StorageError,
+    UploadIncomplete,
+    check_bucket_name,
+    check_key,
+    check_parts,
+    expires_at,
+    name_taken,
+    owner_mark,
+    scrub,
+    upload_id_of,
+)
+
+# Fail fast when the endpoint is down: the operator reports EndpointUnreachable in seconds
+# and retries later, instead of blocking a worker thread for minutes. max_attempts counts
+# the first attempt ("standard" mode), so this is one retry.
+_CONFIG = Config(
+    signature_version="s3v4",
+    connect_timeout=2,
+    read_timeout=60,
+    retries={"max_attempts": 2, "mode": "standard"},
+    # botocore >= 1.36 adds CRC checksums to uploads by default; presigned URLs would then
+    # need them and several S3-compatible stores reject them. Checksums only when required.
+    request_checksum_calculation="when_required",
+    response_checksum_validation="when_required",
+)
+_PUBLIC_ACCESS_BLOCK = {
+    "BlockPublicAcls": True,
+    "IgnorePublicAcls": True,
+    "BlockPublicPolicy": True,
+    "RestrictPublicBuckets": True,
+}
+_SSE_S3 = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]}
+
+_BAD_CREDENTIALS = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "TokenRefreshRequired",
+    "InvalidSecurity",
+    "InvalidClientTokenId",
+}
+_DENIED = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "Forbidden", "403"}
+_MISSING = {"NoSuchBucket", "404", "NotFound"}
+_WRONG_REGION = {
+    "AuthorizationHeaderMalformed",  # signed for a region the endpoint isn't in
+    "PermanentRedirect",
+    "301",
+    "IllegalLocationConstraintException",
+    "InvalidLocationConstraint",
+}
+_TRANSIENT = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "OperationAborted"}
+_BAD_UPLOAD = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload"}
+# What an S3-compatible store answers for an S3 feature it lacks (R2, MinIO for some calls).
+_NOT_IMPLEMENTED = {"NotImplemented", "501"}
+
+
+def open_bucket(ref: BucketRef) -> S3Bucket:
+    return S3Bucket(ref)
+
+
+class S3Bucket:
+    """One S3 bucket. The boto3 client is built on first use and is thread-safe."""
+
+    def __init__(self, ref: BucketRef) -> None:
+        if ref.kind not in ("s3", "s3_compatible"):
+            raise ValueError(f"not an S3 location: {ref.kind}")
+        if ref.kind == "s3_compatible" and not ref.endpoint:
+            raise ValueError("an s3_compatible location needs an endpoint")
+        self.ref = ref
+
+    # ----------------------------------------------------------------------- client
+
+    @property
+    def signing_region(self) -> str:
+        if self.ref.kind == "s3_compatible":
+            return self.ref.signing_region or self.ref.region
+        return self.ref.region
+
+    @functools.cached_property
+    def _client(self) -> Any:
+        ref = self.ref
+        keys: dict[str, str | None] = {}
+        if ref.credentials is not None:
+            missing = [k for k in ("accessKeyId", "secretAccessKey") if not ref.credentials.get(k)]
+            if missing:
+                raise SetupFailed(
+                    Reason.BAD_CREDENTIALS,
+                    f"the credentials Secret lacks {', '.join(missing)}: an S3 Secret needs "
+                    "accessKeyId and secretAccessKey (sessionToken is optional).",
+                    retryable=False,
+                )
+            keys = {
+                "aws_access_key_id": ref.credentials["accessKeyId"],
+                "aws_secret_access_key": ref.credentials["secretAccessKey"],
+                "aws_session_token": ref.credentials.get("sessionToken") or None,
+            }
+        if ref.kind == "s3" and ref.endpoint is None:
+            # AWS: virtual-hosted style, the recommended one; dotted names break its TLS
+            # certificate, so they stay on path style.
+            style = "path" if "." in ref.bucket else "virtual"
+        else:
+            style = ref.addressing_style
+        config = _CONFIG.merge(
+            Config(s3={"addressing_style": style, "us_east_1_regional_endpoint": "regional"})
+        )
+        try:
+            # A Session of its own: the default one is shared and not thread-safe to build.
+            session = boto3.session.Session(**keys)
+            return session.client(
+                "s3", region_name=self.signing_region, endpoint_url=ref.endpoint, config=config
+            )
+        except ValueError as e:  # botocore: "Invalid endpoint: ..."
+            raise SetupFailed(
+                Reason.ENDPOINT_UNREACHABLE,
+                f"S3 endpoint {ref.endpoint!r} is not a usable URL; fix spec.backend.",
+                retryable=False,
+            ) from e
+
+    @property
+    def _where(self) -> str:
+        return self.ref.endpoint or f"AWS S3 {self.ref.region}"
+
+    # ------------------------------------------------------------------------ setup
+
+    def ensure(self, owner: str) -> Ensured:
+        """Create the bucket or adopt ours; then check its region and harden it."""
+        ref = self.ref
+        check_bucket_name(ref.kind, ref.bucket)
+        mark = owner_mark(owner)
+        present = self._head_bucket()
+        created = False
+        if present is not True:
+            created = self._create(mark, head_forbidden=present is None)
+        if created:
+            self._ensure_tag(mark)
+        else:
+            self._check_owner(owner, mark)
+        region_checked = self._check_region()
+        warnings = self._harden(created)
+        return Ensured(
+            bucket=ref.bucket,
+            endpoint=str(self._client.meta.endpoint_url),
+            created=created,
+            region_checked=region_checked,
+            warnings=warnings,
+        )
+
+    def check(self) -> None:
+        try:
+            self._client.head_bucket(Bucket=self.ref.bucket)
+        except Exception as e:
+            self._raise(e, "checking", missing=_gone(self.ref))
+
+    def _head_bucket(self) -> bool | None:
+        """True: exists and readable; False: no such bucket; None: exists, not readable
+        (someone else's, or our credentials may not read it: create_bucket tells which)."""
+        try:
+            self._client.head_bucket(Bucket=self.ref.bucket)
+        except bex.ClientError as e:
+            status = _status(e)
+            if status == 404:
+                return False
+            if status == 403:
+                return None
+            self._raise(e, "looking up")
+        except Exception as e:
+            self._raise(e, "looking up")
+        return True
+
+    def _create(self, mark: str, *, head_forbidden: bool) -> bool:
+        """Create the bucket; False if it turned out to exist already in our account."""
+        ref = self.ref
+        params: dict[str, Any] = {"Bucket": ref.bucket}
+        if ref.kind == "s3":
+            config: dict[str, Any] = {"Tags": [{"Key": S3_OWNER_TAG, "Value": mark}]}
+            # Tags at creation close the window in which a crash leaves an unmarked bucket.
+            if ref.region != "us-east-1":  # AWS refuses us-east-1 as a LocationConstraint
+                config["LocationConstraint"] = ref.region
+            params["CreateBucketConfiguration"] = config
+        try:
+            self._client.create_bucket(**params)
+        except bex.ClientError as e:
+            code = _code(e)
+            if code == "BucketAlreadyOwnedByYou":
+                return False
+            if code == "BucketAlreadyExists":
+                raise name_taken(
+                    ref.kind, ref.bucket, mark, None, elsewhere="another AWS account"
+                ) from e
+            if head_forbidden and code in _DENIED:
+                raise SetupFailed(
+                    Reason.ACCESS_DENIED,
+                    f"S3 bucket {ref.bucket!r} at {self._where}: the credentials may neither "
+                    "read nor create it. It may belong to another account (then set "
+                    "spec.bucket to another name), or the credentials lack s3:ListBucket "
+                    "and s3:CreateBucket.",
+                    retryable=False,
+                ) from e
+            self._raise(e, "creating")
+        except Exception as e:
+            self._raise(e, "creating")
+        return True
+
+    def _tags(self) -> dict[str, str]:
+        try:
+            got = self._client.get_bucket_tagging(Bucket=self.ref.bucket)
+        except bex.ClientError as e:
+            if _code(e) == "NoSuchTagSet":
+                return {}
+            self._raise(e, "reading the tags of")
+        except Exception as e:
+            self._raise(e, "reading the tags of")
+        return {t["Key"]: t["Value"] for t in got.get("TagSet", [])}
+
+    def _check_owner(self, owner: str, mark: str) -> None:
+        found = self._tags().get(S3_OWNER_TAG)
+        if found != mark:
+            raise name_taken(self.ref.kind, self.ref.bucket, owner, found)
+
+    def _ensure_tag(self, mark: str) -> None:
+        """Mark a bucket we just created, keeping any other tags. Stand-ins (moto) and
+        S3-compatible stores ignore tags given at creation, hence the separate call."""
+        tags = self._tags()
+        if tags.get(S3_OWNER_TAG) == mark:
+            return
+        tags[S3_OWNER_TAG] = mark
+        tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
+        try:
+            self._client.put_bucket_tagging(Bucket=self.ref.bucket, Tagging={"TagSet": tag_set})
+        except Exception as e:
+            self._raise(e, "tagging")
+
+    def _check_region(self) -> bool:
+        """On AWS, the bucket must be in the declared region. An S3-compatible endpoint's
+        region is a tag the user chose and GetBucketLocation answers vary by vendor, so
+        nothing is checked there (False)."""
+        if self.ref.kind != "s3":
+            return False
+        try:
+            got = self._client.get_bucket_location(Bucket=self.ref.bucket)
+        except Exception as e:
+            self._raise(e, "reading the region of")
+        # AWS's legacy answers: no constraint means us-east-1, "EU" means eu-west-1.
+        actual = got.get("LocationConstraint") or "us-east-1"
+        actual = {"EU": "eu-west-1"}.get(actual, actual)
+        if actual != self.ref.region:
+            raise SetupFailed(
+                Reason.REGION_MISMATCH,
+                f"S3 bucket {self.ref.bucket!r} is in {actual}, but the location declares "
+                f"{self.ref.region}. Set spec.bucket to another name, or declare the "
+                "bucket's region in a new Location.",
+                retryable=False,
+            )
+        return True
+
+    def _harden(self, created: bool) -> tuple[str, ...]:
+        """Block public access; default encryption SSE-S3 unless the bucket has one.
+
+        An adopted bucket keeps a default encryption it already has (it may be SSE-KMS by
+        choice). Only an S3-compatible store's "NotImplemented" answer is tolerated, as a
+        warning: AWS and moto implement both calls, so there a failure is an error.
+        """
+        warnings: list[str] = []
+        ref = self.ref
+        try:
+            self._client.put_public_access_block(
+                Bucket=ref.bucket, PublicAccessBlockConfiguration=_PUBLIC_ACCESS_BLOCK
+            )
+        except Exception as e:
+            if not self._not_implemented(e):
+                self._raise(e, "blocking public access to")
+            warnings.append(
+                f"{self._where} has no public access block; check the bucket is private"
+            )
+        if created or not self._has_encryption(warnings):
+            try:
+                self._client.put_bucket_encryption(
+                    Bucket=ref.bucket, ServerSideEncryptionConfiguration=_SSE_S3
+                )
+            except Exception as e:
+                if not self._not_implemented(e):
+                    self._raise(e, "setting default encryption on")
+                warnings.append(f"{self._where} does not take a default encryption setting")
+        return tuple(dict.fromkeys(warnings))
+
+    def _has_encryption(self, warnings: list[str]) -> bool:
+        try:
+            self._client.get_bucket_encryption(Bucket=self.ref.bucket)
+        except bex.ClientError as e:
+            if _code(e) == "ServerSideEncryptionConfigurationNotFoundError":
+                return False
+            if self._not_implemented(e):
+                warnings.append(f"{self._where} does not take a default encryption setting")
+                return True
+            self._raise(e, "reading the encryption of")
+        except Exception as e:
+            self._raise(e, "reading the encryption of")
+        return True
+
+    def _not_implemented(self, e: Exception) -> bool:
+        return (
+            self.ref.kind == "s3_compatible"
+            and isinstance(e, bex.ClientError)
+            and (_code(e) in _NOT_IMPLEMENTED or _status(e) == 501)
+        )
+
+    # -------------------------------------------------------------------- transfers
+
+    def presign_put(self, key: str, *, expires: int, size: int | None = None) -> SignedRequest:
+        """A presigned PutObject. Content-Type is signed (and moto needs it to keep the
+        body); with ``size``, Content-Length is signed too, so S3 refuses any other size."""
+        check_key(key)
+        at = expires_at(expires)
+        params: dict[str, Any] = {
+            "Bucket": self.ref.bucket,
+            "Key": key,
+            "ContentType": OCTET_STREAM,
+        }
+        headers = {"Content-Type": OCTET_STREAM}
+        if size is not None:
+            if size < 0:
+                raise ValueError("size must be >= 0")
+            params["ContentLength"] = size
+            headers["Content-Length"] = str(size)
+        url = self._presign("put_object", params, expires)
+        return SignedRequest("PUT", url, headers, at)
+
+    def presign_get(self, key: str, *, expires: int) -> SignedRequest:
+        check_key(key)
+        at = expires_at(expires)
+        url = self._presign("get_object", {"Bucket": self.ref.bucket, "Key": key}, expires)
+        return SignedRequest("GET", url, {}, at)
+
+    def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
+        """CreateMultipartUpload by the service, one presigned UploadPart URL per part.
+        Every part but the last must be at least 5 MiB (S3's rule)."""
+        check_key(key)
+        check_parts(parts)
+        at = expires_at(expires)
+        try:
+            started = self._client.create_multipart_upload(
+                Bucket=self.ref.bucket, Key=key, ContentType=OCTET_STREAM
+            )
+        except Exception as e:
+            self._raise(e, "starting an upload to", cls=StorageError)
+        upload_id = str(started["UploadId"])
+        requests = tuple(
+            SignedRequest(
+                "PUT",
+                self._presign(
+                    "upload_part",
+                    {"Bucket": self.ref.bucket, "Key": key, "UploadId": upload_id, "PartNumber": n},
+                    expires,
+                ),
+                {"Content-Type": OCTET_STREAM},
+                at,
+            )
+            for n in range(1, parts + 1)
+        )
+        return MultipartUpload(key=key, upload_id=upload_id, parts=requests)
+
+    def complete_multipart(
+        self, key: str, upload: MultipartUpload | str, etags: Sequence[str]
+    ) -> None:
+        check_key(key)
+        if not etags:
+            raise UploadIncomplete("no parts were reported for the upload")
+        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
+        try:
+            self._client.complete_multipart_upload(
+                Bucket=self.ref.bucket,
+                Key=key,
+                UploadId=upload_id_of(upload),
+                MultipartUpload={"Parts": parts},
+            )
+        except bex.ClientError as e:
+            if _code(e) in _BAD_UPLOAD:
+                raise UploadIncomplete(
+                    f"S3 refused to assemble {key!r}: {_code(e)} (a part is missing, too "
+                    "small or its ETag differs; upload the parts again)."
+                ) from e
+            self._raise(e, "completing an upload to", cls=StorageError)
+        except Exception as e:
+            self._raise(e, "completing an upload to", cls=StorageError)
+
+    def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
+        """AbortMultipartUpload: S3 drops the parts. Idempotent."""
+        check_key(key)
+        try:
+            self._client.abort_multipart_upload(
+                Bucket=self.ref.bucket, Key=key, UploadId=upload_id_of(upload)
+            )
+        except bex.ClientError as e:
+            if _code(e) == "NoSuchUpload":
+                return
+            self._raise(e, "aborting an upload to", cls=StorageError)
+        except Exception as e:
+            self._raise(e, "aborting an upload to", cls=StorageError)
+
+    def stat(self, key: str) -> ObjectStat | None:
+        check_key(key)
+        try:
+            head = self._client.head_object(Bucket=self.ref.bucket, Key=key, ChecksumMode="ENABLED")
+        except bex.ClientError as e:
+            if _status(e) == 404:
+                return None
+            self._raise(e, "reading an object of", cls=StorageError)
+        except Exception as e:
+            self._raise(e, "reading an object of", cls=StorageError)
+        etag = head.get("ETag")
+        md5 = None
+        # The ETag is the MD5 of the bytes only for single-part objects without SSE-KMS/C.
+        if etag and head.get("ServerSideEncryption") in (None, "AES256"):
+            bare = etag.strip('"')
+            if len(bare) == 32 and "-" not in bare:
+                md5 = bare.lower()
+        return ObjectStat(
+            size=int(head["ContentLength"]), etag=etag, md5=md5, crc32c=head.get("ChecksumCRC32C")
+        )
+
+    def _presign(self, operation: str, params: dict[str, Any], expires: int) -> str:
+        """Local SigV4 computation for the bucket's own endpoint and signing region."""
+        try:
+            url: str = self._client.generate_presigned_url(
+                operation, Params=params, ExpiresIn=expires
+            )
+        except Exception as e:
+            self._raise(e, "signing a URL for", cls=StorageError)
+        return url
+
+    # ------------------------------------------------------------------------ errors
+
+    def _raise(
+        self,
+        e: Exception,
+        doing: str,
+        *,
+        missing: str | None = None,
+        cls: type[StorageError] = SetupFailed,
+    ) -> NoReturn:
+        if isinstance(e, StorageError):
+            raise e
+        reason, retryable, advice = _classify(e, self.ref, missing)
+        what = f"{doing} S3 bucket {self.ref.bucket!r} at {self._where} failed"
+        message = scrub(f"{what}: {_describe(e)}. {advice}", self.ref.secrets())
+        raise cls(reason, message, retryable=retryable) from e
+
+
+def _code(e: bex.ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def _status(e: bex.ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _describe(e: Exception) -> str:
+    """Error code and status only: never the SDK's full text, which may echo a request."""
+    if isinstance(e, bex.ClientError):
+        return f"{_code(e) or 'error'} (HTTP {_status(e)})"
+    return type(e).__name__
+
+
+def _gone(ref: BucketRef) -> str:
+    return (
+        f"the bucket {ref.bucket!r} no longer exists; its versions are lost. o41 never "
+        "deletes buckets: find out who did, then retire this location"
+    )
+
+
+def _classify(e: Exception, ref: BucketRef, missing: str | None) -> tuple[Reason, bool, str]:
+    """(reason, retryable, advice) for an SDK exception."""
+    if isinstance(e, bex.ClientError):
+        code, status = _code(e), _status(e)
+        if code in _BAD_CREDENTIALS or status == 401:
+            return Reason.BAD_CREDENTIALS, False, "Fix accessKeyId/secretAccessKey in the Secret."
+        if code in _DENIED:
+            return (
+                Reason.ACCESS_DENIED,
+                False,
+                "Grant the credentials access to the bucket (s3:CreateBucket, s3:ListBucket, "
+                "s3:GetBucketLocation, s3:PutBucketTagging, s3:PutBucketPublicAccessBlock, "
+                "s3:PutEncryptionConfiguration, s3:PutObject, s3:GetObject).",
+            )
+        if code in _MISSING:
+            return Reason.BUCKET_MISSING, False, (missing or "The bucket does not exist.")
+        if code in _WRONG_REGION:
+            hint = "signingRegion" if ref.kind == "s3_compatible" else "spec.region"
+            return (
+                Reason.REGION_MISMATCH,
+                False,
+                f"The endpoint wants another region: check {hint}.",
+            )
+        if code == "InvalidBucketName":
+            return Reason.INVALID_BUCKET_NAME, False, "Set spec.bucket to a valid name."
+        if code in _TRANSIENT or status >= 500 or status == 429:
+            return Reason.BACKEND_ERROR, True, "The service had a transient problem; retrying."
+        return Reason.BACKEND_ERROR, False, "See the error code in the S3 documentation."
+    if isinstance(e, bex.ConnectionError):
+        return (
+            Reason.ENDPOINT_UNREACHABLE,
+            True,
+            "Check the endpoint URL and that the network lets the operator reach it.",
+        )
+    if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
+        return (
+            Reason.BAD_CREDENTIALS,
+            False,
+            "No credentials: set spec.credentials or give the operator an identity (IRSA).",
+        )
+    if isinstance(e, bex.CredentialRetrievalError):
+        return Reason.BAD_CREDENTIALS, True, "The ambient identity could not be loaded."
+    if isinstance(e, bex.HTTPClientError):
+        return Reason.BACKEND_ERROR, True, "The connection failed mid-request; retrying."
+    return Reason.BACKEND_ERROR, False, "Unexpected error."

@@ -1,0 +1,431 @@
+"""The operator end to end: kubectl in, what a user sees out (status, columns, messages).
+
+Real kube-apiserver, real operator process with its admission webhook, and the storage
+stand-ins as the clouds. Each test uses its own organization, so they don't interfere.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from o41.storage import bucket_name
+from o41.testbed.stores import AzureStore, GcsStore, S3Store
+
+from fixtures.kube import Kube
+from fixtures.operator import Operator
+
+pytestmark = [pytest.mark.kube, pytest.mark.stores]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+class Cluster:
+    """What a user does with kubectl, in test-sized words."""
+
+    def __init__(
+        self, kube: Kube, credentials: dict[str, str], s3: S3Store, gcs: GcsStore, azure: AzureStore
+    ) -> None:
+        self.kube, self.credentials = kube, credentials
+        self.s3, self.gcs, self.azure = s3, gcs, azure
+
+    def apply(self, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self._kubectl(), "apply", "-f", "-"],
+            input=json.dumps(obj),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self._kubectl(), *args], capture_output=True, text=True, check=False, timeout=60
+        )
+
+    def _kubectl(self) -> list[str]:
+        from o41.testbed.kube import kubectl_binary
+
+        return [kubectl_binary(), f"--kubeconfig={self.kube.kubeconfig}"]
+
+    def organization(self, name: str, **spec: Any) -> None:
+        done = self.apply(
+            {
+                "apiVersion": "artifacts.o41.io/v1alpha1",
+                "kind": "Organization",
+                "metadata": {"name": name},
+                "spec": {"namespaces": ["default"], **spec},
+            }
+        )
+        assert done.returncode == 0, done.stderr
+
+    def location_body(
+        self, name: str, org: str, kind: str = "s3", region: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        if kind == "s3":
+            cloud, region = "aws", region or "us-east-1"
+            backend = {"s3": {"endpoint": self.s3.endpoint}}
+            secret = self.credentials["s3"]
+        elif kind == "gcs":
+            cloud, region = "gcp", region or "us-central1"
+            backend = {"gcs": {"endpoint": self.gcs.endpoint, "project": self.gcs.project}}
+            secret = self.credentials["gcs"]
+        elif kind == "nebius":
+            cloud, region = "nebius", region or "eu-north1"
+            backend = {"s3Compatible": {"endpoint": self.s3.endpoint}}
+            secret = self.credentials["s3"]
+        else:
+            cloud, region = "azure", region or "westeurope"
+            backend = {"azureBlob": {"accountUrl": self.azure.account_url}}
+            secret = self.credentials["azure-wrong" if kind == "azure-wrong" else "azure"]
+        spec = {
+            "organization": org,
+            "cloud": cloud,
+            "region": region,
+            "backend": backend,
+            "credentials": {"secretName": secret},
+            **extra,
+        }
+        return {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Location",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    def location(self, name: str, org: str, kind: str = "s3", **extra: Any) -> None:
+        done = self.apply(self.location_body(name, org, kind, **extra))
+        assert done.returncode == 0, done.stderr
+
+    def get(self, plural: str, name: str) -> dict[str, Any]:
+        done = self.run("get", plural, name, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def columns(self, plural: str, name: str) -> dict[str, str]:
+        """The printer columns exactly as `kubectl get` shows them."""
+        done = self.run("get", plural, name, "-o", "wide")
+        assert done.returncode == 0, done.stderr
+        header, row = done.stdout.splitlines()[:2]
+        starts = [
+            i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")
+        ]
+        # "TAKES WRITES" is one column: merge starts that split a two-word header
+        names = header.split()
+        if "TAKES" in names:
+            i = names.index("TAKES")
+            names[i : i + 2] = ["TAKES WRITES"]
+            starts.pop(i + 1)
+        bounds = [*starts[1:], None]
+        return {n: row[a:b].strip() for n, a, b in zip(names, starts, bounds, strict=True)}
+
+    def ready(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            loc = self.get("location", name)
+            conditions = loc.get("status", {}).get("conditions", [])
+            ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            return loc if ok else None
+
+        result: dict[str, Any] = wait_for(check, timeout, f"location {name} to be Ready")
+        return result
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        done = self.run(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={name}", "-o", "json"
+        )
+        items: list[dict[str, Any]] = json.loads(done.stdout)["items"]
+        return items
+
+
+@pytest.fixture
+def cluster(
+    operator: Operator,
+    kube: Kube,
+    credentials: dict[str, str],
+    s3: S3Store,
+    gcs: GcsStore,
+    azure: AzureStore,
+) -> Cluster:
+    return Cluster(kube, credentials, s3, gcs, azure)
+
+
+def org_status(cluster: Cluster, org: str, **want: Any) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        status: dict[str, Any] = cluster.get("organization", org).get("status", {})
+        return status if all(status.get(k) == v for k, v in want.items()) else None
+
+    result: dict[str, Any] = wait_for(check, 60, f"organization {org} status {want}")
+    return result
+
+
+def test_first_location_becomes_ready_fallback_and_cloud_default(
+    cluster: Cluster, s3: S3Store
+) -> None:
+    org, loc = unique("org"), unique("aws-east")
+    cluster.organization(org)
+    status = org_status(cluster, org, takesWrites=False)
+    assert status["conditions"][0]["reason"] == "NoFallback"
+
+    cluster.location(loc, org)
+    ready = cluster.ready(loc)
+    bucket = ready["status"]["bucket"]
+    assert bucket in {b["Name"] for b in s3.client().list_buckets()["Buckets"]}
+    assert ready["status"]["unfinished"] is False
+
+    status = org_status(cluster, org, fallback=loc, takesWrites=True)
+    assert status["cloudDefaults"] == {"aws": loc}
+    wait_for(lambda: cluster.columns("location", loc)["ROLE"] == "fallback,default", 30, "role")
+    columns = cluster.columns("location", loc)
+    assert (columns["CLOUD"], columns["REGION"], columns["READY"]) == ("aws", "us-east-1", "True")
+    assert columns["BUCKET"] == bucket
+    org_columns = cluster.columns("organization", org)
+    assert (org_columns["FALLBACK"], org_columns["TAKES WRITES"]) == (loc, "true")
+    reasons = {e["reason"] for e in cluster.events(loc)}
+    assert "BucketCreated" in reasons
+
+
+def test_first_in_each_cloud_is_its_default_and_the_user_can_change_both(
+    cluster: Cluster,
+) -> None:
+    org = unique("org")
+    east, west, gcp = unique("aws-east"), unique("aws-west"), unique("gcp-central")
+    cluster.organization(org)
+    cluster.location(east, org)
+    cluster.ready(east)
+    cluster.location(west, org, region="us-west-2")
+    cluster.location(gcp, org, kind="gcs")
+    cluster.ready(west)
+    cluster.ready(gcp)
+    status = org_status(cluster, org, cloudDefaults={"aws": east, "gcp": gcp})
+    assert status["fallback"] == east  # adding locations never moves the fallback
+
+    cluster.organization(org, fallback=gcp, cloudDefaults={"aws": west})
+    org_status(cluster, org, fallback=gcp, cloudDefaults={"aws": west, "gcp": gcp})
+    wait_for(lambda: cluster.columns("location", west)["ROLE"] == "default", 30, "west default")
+    wait_for(lambda: cluster.columns("location", east)["ROLE"] == "", 30, "east lost its roles")
+    reasons = [e["reason"] for e in cluster.events(org)]
+    assert "FallbackChanged" in reasons and "CloudDefaultChanged" in reasons
+
+
+def test_retiring_the_fallback_is_refused_and_others_retire(cluster: Cluster) -> None:
+    org, first, second = unique("org"), unique("aws-a"), unique("aws-b")
+    cluster.organization(org)
+    cluster.location(first, org)
+    cluster.location(second, org, region="us-west-2")
+    cluster.ready(first)
+    cluster.ready(second)
+    org_status(cluster, org, fallback=first)
+
+    done = cluster.run(
+        "patch", "location", first, "--type=merge", "-p", '{"spec":{"retired":true}}'
+    )
+    assert done.returncode != 0
+    assert "make another location the fallback first" in done.stderr
+    assert first in done.stderr and "Traceback" not in done.stderr
+
+    done = cluster.run(
+        "patch", "location", second, "--type=merge", "-p", '{"spec":{"retired":true}}'
+    )
+    assert done.returncode == 0, done.stderr
+    assert cluster.columns("location", second)["RETIRED"] == "true"
+    # retired: it loses its role as the region's location, its bucket stays
+    cluster.ready(second)
+
+    # picking a retired location as the fallback is refused too
+    done = cluster.apply(
+        {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": org},
+            "spec": {"namespaces": ["default"], "fallback": second},
+        }
+    )
+    assert done.returncode != 0
+    assert "is retired: pick an active Location" in done.stderr
+
+
+def test_deleting_a_ready_location_is_refused_with_what_to_do(cluster: Cluster) -> None:
+    org, loc = unique("org"), unique("aws")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    cluster.ready(loc)
+    done = cluster.run("delete", "location", loc)
+    assert done.returncode != 0
+    assert "cannot be deleted" in done.stderr and "spec.retired: true" in done.stderr
+    assert cluster.get("location", loc)["metadata"]["name"] == loc
+
+
+def test_bad_credentials_leave_an_unfinished_location_that_can_be_deleted(
+    cluster: Cluster,
+) -> None:
+    org, loc = unique("org"), unique("azure-bad")
+    cluster.organization(org)
+    cluster.location(loc, org, kind="azure-wrong")
+
+    def failed() -> dict[str, Any] | None:
+        status: dict[str, Any] = cluster.get("location", loc).get("status", {})
+        return status if status.get("unfinished") else None
+
+    status = wait_for(failed, 60, "the location to be unfinished")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "BadCredentials")
+    assert "accountKey" in ready["message"]  # it names what to fix...
+    wrong_key = base64.b64encode(b"not-the-key" * 6).decode()
+    assert wrong_key not in json.dumps(status)  # ...never the credential itself
+    columns = cluster.columns("location", loc)
+    assert (columns["READY"], columns["REASON"]) == ("False", "BadCredentials")
+    assert any(e["reason"] == "BadCredentials" for e in cluster.events(loc))
+    # an organization whose only location is unfinished has no fallback and takes no writes
+    org_status(cluster, org, takesWrites=False)
+
+    done = cluster.run("delete", "location", loc, "--wait=false")
+    assert done.returncode == 0, done.stderr
+
+
+def test_region_mismatch_is_reported(cluster: Cluster) -> None:
+    # fake-gcs-server puts every bucket in its own location (US-CENTRAL1), as a GCS project
+    # whose policy forces one location would: the declared europe-west4 is then a lie
+    org, loc = unique("org"), unique("gcs-eu")
+    cluster.organization(org)
+    cluster.location(loc, org, kind="gcs", region="europe-west4")
+
+    def failed() -> dict[str, Any] | None:
+        conditions = cluster.get("location", loc).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["reason"] == "RegionMismatch"), None)
+
+    condition = wait_for(failed, 60, "RegionMismatch")
+    assert "europe-west4" in condition["message"]
+
+
+@pytest.mark.parametrize(
+    ("pick", "message"),
+    [
+        ({"fallback": "no-such-location"}, "does not exist"),
+        ({"cloudDefaults": {"gcp": "PLACEHOLDER"}}, "must be in that cloud"),
+    ],
+)
+def test_picks_that_cannot_serve_writes_are_refused(
+    cluster: Cluster, pick: dict[str, Any], message: str
+) -> None:
+    org, loc = unique("org"), unique("aws")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    cluster.ready(loc)
+    spec = json.loads(json.dumps(pick).replace("PLACEHOLDER", loc))
+    done = cluster.apply(
+        {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": org},
+            "spec": {"namespaces": ["default"], **spec},
+        }
+    )
+    assert done.returncode != 0
+    assert message in done.stderr
+
+
+def test_picking_another_organizations_location_is_refused(cluster: Cluster) -> None:
+    mine, theirs, loc = unique("org"), unique("org"), unique("aws")
+    cluster.organization(theirs)
+    cluster.location(loc, theirs)
+    cluster.ready(loc)
+    cluster.organization(mine)
+    done = cluster.apply(
+        {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": mine},
+            "spec": {"fallback": loc},
+        }
+    )
+    assert done.returncode != 0
+    assert f"belongs to organization {theirs!r}" in done.stderr
+
+
+def test_cel_refuses_changing_cloud_and_mismatched_backends(cluster: Cluster) -> None:
+    org, loc = unique("org"), unique("aws")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    done = cluster.run(
+        "patch", "location", loc, "--type=merge", "-p", '{"spec":{"region":"eu-west-1"}}'
+    )
+    assert done.returncode != 0 and "region cannot change after creation" in done.stderr
+
+    body = cluster.location_body(unique("bad"), org)
+    body["spec"]["cloud"] = "gcp"
+    done = cluster.apply(body)
+    assert done.returncode != 0 and "cloud must be aws" in done.stderr
+
+    body = cluster.location_body(unique("two"), org)
+    body["spec"]["backend"]["gcs"] = {}
+    done = cluster.apply(body)
+    assert done.returncode != 0 and "exactly one backend" in done.stderr
+
+
+def test_operator_killed_mid_setup_leaves_one_bucket_and_a_ready_location(
+    cluster: Cluster, operator: Operator, s3: S3Store
+) -> None:
+    org, loc = unique("org"), unique("aws-crash")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    uid = cluster.get("location", loc)["metadata"]["uid"]
+
+    expected = bucket_name("s3", loc, uid)
+
+    def buckets() -> list[str]:
+        return [b["Name"] for b in s3.client().list_buckets()["Buckets"] if b["Name"] == expected]
+
+    wait_for(buckets, 60, "the bucket to be created")
+    operator.kill()  # SIGKILL: no chance to record anything more
+    operator.start()
+    ready = cluster.ready(loc)
+    assert buckets() == [ready["status"]["bucket"]]
+
+
+def test_fifty_locations_applied_at_once_all_become_ready(cluster: Cluster) -> None:
+    org = unique("org")
+    cluster.organization(org)
+    names = [unique(f"bulk{i}") for i in range(50)]
+    regions = ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1", "ap-south-1"]
+    items = [cluster.location_body(n, org, region=regions[i % 5]) for i, n in enumerate(names)]
+    done = cluster.apply({"apiVersion": "v1", "kind": "List", "items": items})
+    assert done.returncode == 0, done.stderr
+
+    def all_ready() -> bool:
+        out = cluster.run("get", "locations", "-o", "json")
+        items = [i for i in json.loads(out.stdout)["items"] if i["spec"]["organization"] == org]
+        ready = [
+            i
+            for i in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in i.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) == 50
+
+    wait_for(all_ready, 180, "50 locations to be Ready")
+    status = org_status(cluster, org, takesWrites=True, locations=50)
+    assert status["fallback"] in names
