@@ -429,3 +429,25 @@ def test_fifty_locations_applied_at_once_all_become_ready(cluster: Cluster) -> N
     wait_for(all_ready, 180, "50 locations to be Ready")
     status = org_status(cluster, org, takesWrites=True, locations=50)
     assert status["fallback"] in names
+
+
+def test_a_bucket_that_breaks_after_ready_shows_in_status(
+    cluster: Cluster, s3: S3Store
+) -> None:
+    org, loc = unique("org"), unique("aws-breaks")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    bucket = cluster.ready(loc)["status"]["bucket"]
+    s3.client().delete_bucket(Bucket=bucket)  # behind the operator's back
+
+    def broken() -> dict[str, Any] | None:
+        conditions = cluster.get("location", loc)["status"]["conditions"]
+        ready = next(c for c in conditions if c["type"] == "Ready")
+        return ready if ready["status"] == "False" else None
+
+    ready = wait_for(broken, 60, "the periodic check to notice")
+    assert ready["reason"] == "BucketMissing"
+    assert bucket in ready["message"]
+    # still not unfinished: it was Ready once and may hold versions
+    assert cluster.get("location", loc)["status"]["unfinished"] is False
+    org_status(cluster, org, takesWrites=False)

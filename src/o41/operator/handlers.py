@@ -78,8 +78,11 @@ def credentials_for(spec: Mapping[str, Any]) -> dict[str, str] | None:
     return cluster().read_secret(ref["secretName"]) if ref else None
 
 
-def _backoff(retry: int) -> float:
-    return float(min(2 ** (retry + 1), MAX_BACKOFF))
+def _backoff(retry: int, retryable: bool) -> float:
+    """Transient failures retry fast; ones that need the user (credentials, a name, a
+    region) retry slowly, so a fixed Secret is still picked up without a restart."""
+    base = 2 if retryable else 30
+    return float(min(base * 2**retry, MAX_BACKOFF))
 
 
 @kopf.on.resume(GROUP, VERSION, "locations")
@@ -117,7 +120,7 @@ def set_up_bucket(
             generation=generation,
         )
         kopf.event(body, type="Warning", reason=reason, message=message)
-        delay = _backoff(retry)
+        delay = _backoff(retry, retryable=isinstance(e, SetupFailed) and e.retryable)
         logger.warning("bucket setup failed (%s), retrying in %.0f s: %s", reason, delay, message)
         raise kopf.TemporaryError(message, delay=delay) from None
 
@@ -142,6 +145,8 @@ def set_up_bucket(
         message=message,
         generation=generation,
     )
+    for warning in ensured.warnings:
+        kopf.event(body, type="Warning", reason="HardeningSkipped", message=warning)
     if not was_ready:
         kopf.event(
             body,

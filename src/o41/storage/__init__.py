@@ -61,10 +61,10 @@ _MODULES: dict[str, str] = {
 
 
 def open_bucket(ref: BucketRef) -> Bucket:
-    """The bucket behind ``ref``. Builds the SDK client but makes no request.
-
-    Raises ``SetupFailed`` (BadCredentials) when the Secret data lacks a key the backend
-    needs: that is known before any call.
+    """The bucket behind ``ref``. Cheap: the SDK client is built on the first call, and a
+    Secret without the keys the backend needs surfaces there as ``SetupFailed``
+    (BadCredentials), before any request. A ref missing what its kind requires (an
+    s3_compatible endpoint, an azure_blob account_url) is a ``ValueError`` here.
     """
     module = importlib.import_module(_MODULES[ref.kind])
     bucket: Bucket = module.open_bucket(ref)

@@ -10,10 +10,11 @@ endpoint decides where the bucket lives, so ``ensure`` cannot check the region t
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import boto3
+import botocore.session
 from botocore import exceptions as bex
 from botocore.config import Config
 
@@ -84,6 +85,41 @@ _BAD_UPLOAD = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUploa
 _NOT_IMPLEMENTED = {"NotImplemented", "501"}
 
 
+_session_lock = threading.Lock()
+
+
+@functools.cache
+def _session() -> Any:
+    """One botocore session for the process: it parses S3's service model once (building a
+    session per bucket cost ~1 MB and tens of ms each, which 200 Locations multiply)."""
+    return botocore.session.get_session()
+
+
+@functools.lru_cache(maxsize=256)
+def _client_for(
+    region: str,
+    endpoint: str | None,
+    style: str,
+    access_key: str | None,
+    secret_key: str | None,
+    token: str | None,
+) -> Any:
+    """A client per (region, endpoint, credentials); clients are thread-safe, sessions not."""
+    config = _CONFIG.merge(
+        Config(s3={"addressing_style": style, "us_east_1_regional_endpoint": "regional"})
+    )
+    with _session_lock:
+        return _session().create_client(
+            "s3",
+            region_name=region,
+            endpoint_url=endpoint,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            aws_session_token=token,
+            config=config,
+        )
+
+
 def open_bucket(ref: BucketRef) -> S3Bucket:
     return S3Bucket(ref)
 
@@ -130,14 +166,14 @@ class S3Bucket:
             style = "path" if "." in ref.bucket else "virtual"
         else:
             style = ref.addressing_style
-        config = _CONFIG.merge(
-            Config(s3={"addressing_style": style, "us_east_1_regional_endpoint": "regional"})
-        )
         try:
-            # A Session of its own: the default one is shared and not thread-safe to build.
-            session = boto3.session.Session(**keys)
-            return session.client(
-                "s3", region_name=self.signing_region, endpoint_url=ref.endpoint, config=config
+            return _client_for(
+                self.signing_region,
+                ref.endpoint,
+                style,
+                keys.get("aws_access_key_id"),
+                keys.get("aws_secret_access_key"),
+                keys.get("aws_session_token"),
             )
         except ValueError as e:  # botocore: "Invalid endpoint: ..."
             raise SetupFailed(
@@ -160,7 +196,7 @@ class S3Bucket:
         present = self._head_bucket()
         created = False
         if present is not True:
-            created = self._create(mark, head_forbidden=present is None)
+            created = self._create(owner, mark, head_forbidden=present is None)
         if created:
             self._ensure_tag(mark)
         else:
@@ -197,7 +233,7 @@ class S3Bucket:
             self._raise(e, "looking up")
         return True
 
-    def _create(self, mark: str, *, head_forbidden: bool) -> bool:
+    def _create(self, owner: str, mark: str, *, head_forbidden: bool) -> bool:
         """Create the bucket; False if it turned out to exist already in our account."""
         ref = self.ref
         params: dict[str, Any] = {"Bucket": ref.bucket}
@@ -215,7 +251,7 @@ class S3Bucket:
                 return False
             if code == "BucketAlreadyExists":
                 raise name_taken(
-                    ref.kind, ref.bucket, mark, None, elsewhere="another AWS account"
+                    ref.kind, ref.bucket, owner, None, elsewhere="another AWS account"
                 ) from e
             if head_forbidden and code in _DENIED:
                 raise SetupFailed(
