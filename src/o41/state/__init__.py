@@ -1,0 +1,108 @@
+"""The state store: etcd in a cluster, an embedded single-replica store in one process.
+
+One small interface on etcd's own model (keys, revisions, transactions, leases, watches)
+serves the placement service's records and the distributed collections. Replication and
+consensus come from etcd; the embedded store gives the same semantics without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Consistency = Literal["strong", "eventual"]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """A transaction guard on one key: ``target`` of ``key`` ``op`` ``value``.
+
+    target "version" with value 0 means "the key does not exist".
+    """
+
+    key: bytes
+    target: Literal["value", "version", "create", "mod"]
+    op: Literal["==", "!=", "<", ">"]
+    value: bytes | int
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: bytes
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: bytes
+    prefix: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    key: bytes
+    prefix: bool = False
+
+
+Op = Put | Delete | Get
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+    # one entry per op of the branch that ran: Get -> list of KeyValue, Put -> [], Delete ->
+    # the deleted KeyValues (prev_kv)
+    results: tuple[tuple[KeyValue, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: Literal["put", "delete"]
+    kv: KeyValue
+
+
+class StoreUnavailable(Exception):
+    """The store cannot answer now (etcd lost its majority, a timeout): retry later.
+
+    A write that failed this way may or may not have been applied; callers that are not
+    idempotent check before retrying.
+    """
+
+
+class Store(Protocol):
+    async def get(self, key: bytes, *, consistency: Consistency = "strong") -> KeyValue | None: ...
+
+    async def range(
+        self, prefix: bytes, *, limit: int = 0, consistency: Consistency = "strong"
+    ) -> list[KeyValue]: ...
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int: ...
+
+    async def delete(self, key: bytes, *, prefix: bool = False) -> int: ...
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult: ...
+
+    async def lease_grant(self, ttl: int) -> int: ...
+
+    async def lease_keepalive(self, lease: int) -> int: ...
+
+    async def lease_revoke(self, lease: int) -> None: ...
+
+    def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
+
+    async def close(self) -> None: ...
