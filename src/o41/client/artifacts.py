@@ -1,0 +1,319 @@
+"""Write and read artifact versions: the service places them, the bytes go straight to
+the bucket through pre-signed requests, and a broken bucket costs money, not the run.
+
+Standard library only (``http.client``): pods import this, and the upload path must not
+depend on a cloud SDK. Large files stream with bounded memory; multipart parts upload
+in parallel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import os
+import sys
+import threading
+import urllib.parse
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from o41.core.places import Place
+
+log = logging.getLogger("o41")
+
+ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
+ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
+BLOCK = 1024 * 1024
+PARALLEL_PARTS = 4
+MAX_BEGINS = 6  # each failed location is excluded; the list is short
+
+
+class ArtifactError(Exception):
+    """A refusal or failure the user can act on; the message says how."""
+
+
+class ServiceError(ArtifactError):
+    def __init__(self, status: int, message: str, body: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.status, self.body = status, body
+
+
+class UploadFailed(ArtifactError):
+    """The bucket did not take the bytes: the write begins again elsewhere."""
+
+
+@dataclass(frozen=True)
+class Written:
+    version: str
+    location: str
+    rule: str
+    warning: str | None
+    size: int
+
+
+@dataclass(frozen=True)
+class Read:
+    version: str
+    location: str
+    locality: str
+    size: int
+
+
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ArtifactError(f"not an http(s) URL: {url[:80]!r}")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout, blocksize=BLOCK)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return conn, path
+
+
+class _Slice:
+    """``length`` bytes of a file from ``offset``, read in blocks: a part never sits in
+    memory whole."""
+
+    def __init__(
+        self,
+        path: Path,
+        offset: int,
+        length: int,
+        progress: Callable[[int], None],
+        digest: Any = None,
+    ) -> None:
+        self._file: BinaryIO = path.open("rb")
+        self._file.seek(offset)
+        self._left = length
+        self._progress = progress
+        self.digest = digest  # hashed on the way out: no second pass over the file
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._file.read(n)
+        self._left -= len(data)
+        self._progress(len(data))
+        if self.digest is not None:
+            self.digest.update(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self._lock = threading.Lock()
+        self._shown = -1
+        self._on = sys.stderr.isatty() and total > 0
+
+    def __call__(self, n: int) -> None:
+        if not self._on:
+            return
+        with self._lock:
+            self.done += n
+            percent = self.done * 100 // self.total
+            if percent != self._shown:
+                self._shown = percent
+                bar = "#" * (percent // 4)
+                sys.stderr.write(f"\r{self.label} [{bar:<25}] {percent:3d}%")
+                if self.done >= self.total:
+                    sys.stderr.write("\n")
+                sys.stderr.flush()
+
+
+class Artifacts:
+    """The placement service as a pod sees it."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token_file: str | None = None,
+        place: Place | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
+        if not endpoint:
+            raise ArtifactError(
+                f"no placement service endpoint: set {ENV_ENDPOINT} or pass --endpoint"
+            )
+        self.endpoint = endpoint.rstrip("/")
+        self.token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
+        self._place = place
+        self.timeout = timeout
+
+    @property
+    def place(self) -> Place:
+        if self._place is None:
+            from o41.client.place import detect_place
+
+            self._place = detect_place()
+        return self._place
+
+    def _token(self) -> str | None:
+        try:  # read each time: projected tokens rotate
+            return Path(self.token_file).read_text().strip() or None
+        except OSError:
+            return None
+
+    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        conn, target = _connection(self.endpoint + path, self.timeout)
+        headers = {"Accept": "application/json"}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        try:
+            conn.request(method, target, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        except OSError as e:
+            raise ArtifactError(
+                f"the placement service at {self.endpoint} did not answer: {e}"
+            ) from None
+        finally:
+            conn.close()
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError:
+            answer = {"error": raw[:200].decode(errors="replace")}
+        if resp.status >= 400:
+            message = answer.get("error") if isinstance(answer, dict) else None
+            raise ServiceError(resp.status, str(message or f"HTTP {resp.status}"), answer)
+        return answer
+
+    # ----------------------------------------------------------------------------- write
+
+    def write(self, organization: str, artifact: str, path: str | Path) -> Written:
+        """Begin, upload straight to the bucket, commit. When the bucket fails, begin
+        again with that location excluded."""
+        path = Path(path)
+        size = path.stat().st_size
+        exclude: list[str] = []
+        for _ in range(MAX_BEGINS):
+            began = self.call(
+                "POST",
+                "/v1/writes",
+                {
+                    "organization": organization,
+                    "artifact": artifact,
+                    "place": self.place.as_json(),
+                    "size": size,
+                    "exclude": exclude,
+                },
+            )
+            if began.get("warning"):
+                log.warning("%s", began["warning"])
+            try:
+                etags, md5 = self._upload(path, size, began["upload"], began["location"])
+            except UploadFailed as e:
+                log.warning("%s; beginning again without location %s", e, began["location"])
+                exclude.append(began["location"])
+                continue
+            commit: dict[str, Any] = {"etags": etags}
+            if md5:
+                commit["md5"] = md5
+            self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
+            return Written(
+                began["version"], began["location"], began["rule"], began.get("warning"), size
+            )
+        raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
+
+    def _upload(
+        self, path: Path, size: int, upload: Mapping[str, Any], location: str
+    ) -> tuple[list[str], str | None]:
+        """Upload the file; returns each part's ETag, and the MD5 of a single upload."""
+        progress = Progress(size, f"upload to {location}")
+        if "single" in upload:
+            body = _Slice(path, 0, size, progress, hashlib.md5())  # noqa: S324 - integrity
+            self._put(upload["single"], body, size, location)
+            return [], body.digest.hexdigest()
+        spec = upload["multipart"]
+        part_size: int = spec["partSize"]
+        parts: list[Mapping[str, Any]] = spec["parts"]
+
+        def one(n: int) -> str:
+            offset = n * part_size
+            length = min(part_size, size - offset)
+            return self._put(parts[n], _Slice(path, offset, length, progress), length, location)
+
+        with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as pool:
+            return list(pool.map(one, range(len(parts)))), None
+
+    def _put(self, req: Mapping[str, Any], body: _Slice, length: int, location: str) -> str:
+        conn, target = _connection(req["url"], self.timeout)
+        headers = {**req["headers"], "Content-Length": str(length)}
+        try:
+            conn.request(req["method"], target, body=body, headers=headers)
+            resp = conn.getresponse()
+            detail = resp.read(500)
+        except OSError as e:
+            raise UploadFailed(f"upload to location {location} failed: {e}") from None
+        finally:
+            body.close()
+            conn.close()
+        if resp.status >= 300:
+            raise UploadFailed(
+                f"location {location} refused the upload (HTTP {resp.status}: "
+                f"{detail[:200].decode(errors='replace')})"
+            )
+        return (resp.getheader("ETag") or "").strip()
+
+    # ------------------------------------------------------------------------------ read
+
+    def read(self, organization: str, artifact: str, version: str, output: str | Path) -> Read:
+        """Download a version to ``output`` (written whole or not at all)."""
+        place = self.place
+        query = urllib.parse.urlencode({k: v for k, v in place.as_json().items() if v is not None})
+        found = self.call(
+            "GET",
+            f"/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}?{query}",
+        )
+        output = Path(output)
+        partial = output.with_name(output.name + ".o41-partial")
+        req = found["download"]
+        conn, target = _connection(req["url"], self.timeout)
+        digest = hashlib.md5()  # noqa: S324 - an integrity check against the bucket's MD5
+        got = 0
+        progress = Progress(found["size"], f"download from {found['location']}")
+        try:
+            conn.request(req["method"], target, headers=dict(req["headers"]))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ArtifactError(
+                    f"location {found['location']} answered HTTP {resp.status} to the download"
+                )
+            with partial.open("wb") as out:
+                while block := resp.read(BLOCK):
+                    out.write(block)
+                    digest.update(block)
+                    got += len(block)
+                    progress(len(block))
+        except OSError as e:
+            partial.unlink(missing_ok=True)
+            raise ArtifactError(f"download from {found['location']} failed: {e}") from None
+        finally:
+            conn.close()
+        if got != found["size"] or (found.get("md5") and digest.hexdigest() != found["md5"]):
+            partial.unlink(missing_ok=True)
+            raise ArtifactError(
+                f"download of {version} is damaged ({got} of {found['size']} bytes, or a bad "
+                "checksum): read it again"
+            )
+        partial.replace(output)
+        return Read(version, found["location"], found["locality"], got)

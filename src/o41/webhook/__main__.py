@@ -1,0 +1,48 @@
+"""``python -m o41.webhook``: serve the placement service.
+
+Listens on 127.0.0.1 unless told otherwise; the chart passes ``--host 0.0.0.0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from aiohttp import web
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m o41.webhook", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--etcd",
+        default=os.environ.get("O41_ETCD_ENDPOINTS", ""),
+        help="comma-separated etcd client URLs; empty: the embedded single-replica store",
+    )
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument(
+        "--secrets-namespace", default=os.environ.get("O41_OPERATOR_NAMESPACE", "o41-system")
+    )
+    parser.add_argument("--authentication", choices=["tokenreview", "none"], default="tokenreview")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    from o41.webhook.app import Settings, make_app
+
+    settings = Settings(
+        etcd_endpoints=[e for e in args.etcd.split(",") if e],
+        kubeconfig=args.kubeconfig,
+        secrets_namespace=args.secrets_namespace,
+        authentication=args.authentication,
+    )
+    web.run_app(make_app(settings), host=args.host, port=args.port, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""Begin a write, commit it, read a version: thin views over the core and the storage.
+
+Placement itself is ``o41.core.placement``; this module validates input, reads the
+in-memory view of the cluster, signs URLs for the chosen bucket and keeps the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from o41.api import NAME_PATTERN
+from o41.core.placement import PlacementRefused, place_write
+from o41.core.places import Place, locality
+from o41.state import Compare, Delete, Put, StoreUnavailable
+from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
+from o41.webhook.auth import caller
+from o41.webhook.errors import problem
+from o41.webhook.keys import STORE
+from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
+from o41.webhook.usage import Usage
+from o41.webhook.view import LocationView, OrganizationView, Secrets, View
+
+ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+PART_SIZE = 64 * 1024 * 1024  # parts upload in parallel; 64 MiB keeps a 1 TB file < 10k parts
+MAX_PARTS = 10_000
+MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
+UPLOAD_EXPIRES = 3600
+DOWNLOAD_EXPIRES = 900
+PENDING_TTL = UPLOAD_EXPIRES + 600  # a write never committed expires with its lease
+
+VIEW: web.AppKey[View] = web.AppKey("view", View)
+SECRETS: web.AppKey[Secrets] = web.AppKey("secrets", Secrets)
+USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
+BUCKETS: web.AppKey[dict[str, tuple[BucketRef, Bucket]]] = web.AppKey("buckets", dict)
+LEASES: web.AppKey[dict[int, int]] = web.AppKey("leases", dict)
+
+routes = web.RouteTableDef()
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlaceIn(Model):
+    cloud: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    region: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    source: Literal["env", "skypilot", "metadata", "none"]
+
+
+class BeginIn(Model):
+    organization: str = Field(pattern=NAME_PATTERN, max_length=253)
+    artifact: str = Field(pattern=ARTIFACT_PATTERN)
+    place: PlaceIn
+    size: int | None = Field(default=None, ge=0, le=MAX_SIZE)
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    exclude: list[str] = Field(default_factory=list, max_length=100)
+
+
+class CommitIn(Model):
+    etags: list[str] = Field(default_factory=list, max_length=MAX_PARTS)
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+
+
+async def parse(request: web.Request, model: type[Model]) -> Any:
+    """The body as ``model``, or a 400 that names every wrong field."""
+    if request.content_type != "application/json":
+        raise problem(415, "send a JSON body with Content-Type: application/json")
+    try:
+        raw = await request.read()
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+            for err in e.errors(include_url=False)
+        )
+        raise problem(400, f"invalid request: {fields}") from None
+
+
+def signed(req: SignedRequest) -> dict[str, Any]:
+    return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
+
+
+def organization_for(request: web.Request, name: str) -> OrganizationView:
+    """The organization, if the caller's namespace may use it."""
+    org = request.app[VIEW].organizations.get(name)
+    if org is None:
+        raise problem(
+            404, f"organization {name!r} does not exist: `kubectl get organizations` lists them"
+        )
+    namespace = caller(request).namespace
+    if namespace not in org.namespaces:
+        raise problem(
+            403,
+            f"namespace {namespace!r} may not use organization {name!r}: an administrator "
+            f"adds it to spec.namespaces of Organization {name!r}",
+        )
+    return org
+
+
+async def bucket_for(request: web.Request, location: LocationView) -> Bucket:
+    """One Bucket per location, rebuilt when its spec or credentials change."""
+    ref = await request.app[SECRETS].bucket(location)
+    cache = request.app[BUCKETS]
+    hit = cache.get(location.name)
+    if hit is not None and hit[0] == ref:
+        return hit[1]
+    bucket = open_bucket(ref)
+    cache[location.name] = (ref, bucket)
+    return bucket
+
+
+async def pending_lease(request: web.Request) -> int:
+    """One lease per minute of begins, not one per begin: expiry is what matters, and a
+    lease grant is a round trip to the store."""
+    leases = request.app[LEASES]
+    minute = int(time.time() // 60)
+    lease = leases.get(minute)
+    if lease is None:
+        lease = await request.app[STORE].lease_grant(PENDING_TTL + 60)
+        leases.clear()
+        leases[minute] = lease
+    return lease
+
+
+def storage_failed(location: str, e: StorageError) -> web.HTTPException:
+    return problem(
+        503,
+        f"location {location!r} cannot take this request now ({e.reason}): {e}; "
+        "begin again with it excluded",
+        location=location,
+        reason=str(e.reason),
+    )
+
+
+@routes.post("/v1/writes")
+async def begin(request: web.Request) -> web.Response:
+    """Choose the location for a new version and hand out pre-signed upload requests."""
+    body: BeginIn = await parse(request, BeginIn)
+    org = organization_for(request, body.organization)
+    view = request.app[VIEW]
+    place = Place(
+        body.place.cloud, body.place.region if body.place.cloud else None, body.place.source
+    )
+    locations = view.locations_of(org.name)
+    try:
+        chosen = place_write(
+            place,
+            [loc.candidate() for loc in locations],
+            fallback=org.fallback,
+            cloud_defaults=org.cloud_defaults,
+            exclude=body.exclude,
+            organization=f"organization {org.name!r}",
+        )
+    except PlacementRefused as e:
+        raise problem(409, str(e)) from None
+    location = view.locations[chosen.location]
+    version = new_version()
+    key = f"{body.artifact}/{version}"
+    bucket = await bucket_for(request, location)
+    multipart = body.size is not None and body.size > PART_SIZE
+    try:
+        if multipart:
+            assert body.size is not None
+            part_size = max(PART_SIZE, -(-body.size // MAX_PARTS))
+            parts = -(-body.size // part_size)
+            started = await asyncio.to_thread(
+                bucket.start_multipart, key, parts=parts, expires=UPLOAD_EXPIRES
+            )
+            upload: dict[str, Any] = {
+                "multipart": {
+                    "partSize": part_size,
+                    "parts": [signed(p) for p in started.parts],
+                }
+            }
+            upload_id: str | None = started.upload_id
+        else:
+            parts = 1
+            upload = {
+                "single": signed(bucket.presign_put(key, expires=UPLOAD_EXPIRES, size=body.size))
+            }
+            upload_id = None
+    except StorageError as e:
+        raise storage_failed(location.name, e) from None
+    pending = Pending(
+        organization=org.name,
+        artifact=body.artifact,
+        version=version,
+        namespace=caller(request).namespace,
+        location=location.name,
+        key=key,
+        rule=str(chosen.rule),
+        cloud=place.cloud,
+        region=place.region,
+        source=place.source,
+        size=body.size,
+        md5=body.md5,
+        upload_id=upload_id,
+        parts=parts,
+        began=time.time(),
+    )
+    try:
+        lease = await pending_lease(request)
+        await request.app[STORE].put(pending_key(version), pending.dump(), lease=lease)
+    except StoreUnavailable as e:
+        raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
+    request.app[USAGE].add(
+        org.name,
+        "begin",
+        {
+            "cloud": place.cloud,
+            "region": place.region,
+            "source": place.source,
+            "rule": str(chosen.rule),
+            "location": location.name,
+        },
+        begins=1,
+        warnings=1 if chosen.warning else 0,
+    )
+    return web.json_response(
+        {
+            "version": version,
+            "location": location.name,
+            "cloud": location.cloud,
+            "region": location.region,
+            "rule": str(chosen.rule),
+            "warning": chosen.warning,
+            "upload": upload,
+            "expiresIn": UPLOAD_EXPIRES,
+        },
+        status=201,
+    )
+
+
+@routes.post("/v1/writes/{version}/commit")
+async def commit(request: web.Request) -> web.Response:
+    """Make a version readable, once the bucket really holds what was declared."""
+    body: CommitIn = await parse(request, CommitIn)
+    version = request.match_info["version"]
+    store = request.app[STORE]
+    try:
+        found = await store.get(pending_key(version))
+    except StoreUnavailable as e:
+        raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
+    if found is None:
+        raise problem(
+            404,
+            f"no write {version!r} is waiting for its commit: it expired, was committed "
+            "already, or never began; begin again",
+        )
+    pending = Pending.load(found.value)
+    if pending.namespace != caller(request).namespace:
+        raise problem(403, f"write {version!r} began in another namespace")
+    location = request.app[VIEW].locations.get(pending.location)
+    if location is None:
+        raise problem(409, f"location {pending.location!r} is gone; begin again")
+    bucket = await bucket_for(request, location)
+    try:
+        if pending.upload_id is not None:
+            if len(body.etags) != pending.parts:
+                raise problem(
+                    400,
+                    f"this multipart write has {pending.parts} parts: send the ETag header "
+                    f"of each part's PUT answer, in order, as etags ({len(body.etags)} given)",
+                )
+            await asyncio.to_thread(
+                bucket.complete_multipart, pending.key, pending.upload_id, body.etags
+            )
+        stat = await asyncio.to_thread(bucket.stat, pending.key)
+    except StorageError as e:
+        if e.reason == "UploadIncomplete":
+            raise problem(
+                409, f"the upload is incomplete: {e}; upload every part, then commit"
+            ) from None
+        raise storage_failed(location.name, e) from None
+    if stat is None:
+        raise problem(
+            409,
+            f"the object for {version!r} is not in the bucket: upload it with the request "
+            "from begin, then commit",
+        )
+    if pending.size is not None and stat.size != pending.size:
+        raise problem(
+            409,
+            f"the bucket holds {stat.size} bytes for {version!r}, but begin declared "
+            f"{pending.size}: upload the whole file again, then commit",
+        )
+    declared = body.md5 or pending.md5
+    if declared and stat.md5 and stat.md5 != declared:
+        raise problem(
+            409,
+            f"the bucket's copy of {version!r} has MD5 {stat.md5}, not the uploaded "
+            f"{declared}: it was damaged on the way; upload it again, then commit",
+        )
+    record = Version(
+        organization=pending.organization,
+        artifact=pending.artifact,
+        version=version,
+        location=pending.location,
+        key=pending.key,
+        size=stat.size,
+        md5=stat.md5 or pending.md5,
+        rule=pending.rule,
+        cloud=pending.cloud,
+        region=pending.region,
+        source=pending.source,
+        committed=time.time(),
+    )
+    vkey = version_key(pending.organization, pending.artifact, version)
+    result = await store.txn(
+        [Compare(pending_key(version), "mod", "==", found.mod_revision)],
+        [Delete(pending_key(version)), Put(vkey, record.dump())],
+    )
+    if not result.succeeded and await store.get(vkey) is None:
+        raise problem(409, f"write {version!r} changed while committing; commit again")
+    request.app[USAGE].add(
+        pending.organization,
+        "write",
+        {
+            "cloud": pending.cloud,
+            "region": pending.region,
+            "source": pending.source,
+            "rule": pending.rule,
+            "location": location.name,
+            "locationCloud": location.cloud,
+            "locationRegion": location.region,
+        },
+        versions=1,
+        bytes=stat.size,
+    )
+    return web.json_response(
+        {"version": version, "location": location.name, "size": stat.size, "md5": record.md5}
+    )
+
+
+@routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}")
+async def read(request: web.Request) -> web.Response:
+    """Where a version lives, how far that is from the reader, and a download."""
+    org = organization_for(request, request.match_info["organization"])
+    q = request.query
+    try:
+        reader = PlaceIn.model_validate(
+            {
+                "cloud": q.get("cloud") or None,
+                "region": q.get("region") or None,
+                "source": q.get("source", "none"),
+            }
+        )
+    except ValidationError as e:
+        raise problem(
+            400, f"invalid place in the query: {e.errors(include_url=False)[0]['msg']}"
+        ) from None
+    artifact, version = request.match_info["artifact"], request.match_info["version"]
+    try:
+        found = await request.app[STORE].get(version_key(org.name, artifact, version))
+    except StoreUnavailable as e:
+        raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
+    if found is None:
+        raise problem(
+            404, f"organization {org.name!r} has no committed version {version!r} of {artifact!r}"
+        )
+    record = Version.load(found.value)
+    location = request.app[VIEW].locations.get(record.location)
+    if location is None:
+        raise problem(503, f"location {record.location!r} is not known to the service yet")
+    bucket = await bucket_for(request, location)
+    try:
+        download = bucket.presign_get(record.key, expires=DOWNLOAD_EXPIRES)
+    except StorageError as e:
+        raise storage_failed(location.name, e) from None
+    place = Place(reader.cloud, reader.region if reader.cloud else None, reader.source)
+    how_far = locality(place, location.cloud, location.region)
+    request.app[USAGE].add(
+        org.name,
+        "read",
+        {
+            "cloud": place.cloud,
+            "region": place.region,
+            "source": place.source,
+            "locality": str(how_far),
+            "location": location.name,
+            "locationCloud": location.cloud,
+            "locationRegion": location.region,
+        },
+        reads=1,
+        bytes=record.size,
+    )
+    return web.json_response(
+        {
+            "version": version,
+            "location": location.name,
+            "cloud": location.cloud,
+            "region": location.region,
+            "locality": str(how_far),
+            "size": record.size,
+            "md5": record.md5,
+            "download": signed(download),
+        }
+    )
+
+
+@routes.get("/v1/usage")
+async def usage(request: web.Request) -> web.Response:
+    """Raw counters of one organization (the usage page draws them)."""
+    name = request.query.get("organization", "")
+    org = organization_for(request, name)
+    records = await request.app[USAGE].report(org.name)
+    return web.json_response({"organization": org.name, "records": records})

@@ -1,0 +1,88 @@
+"""The placement service's records in the state store, and their keys.
+
+- ``pending/<version>``: a write that began; bound to a lease, so a write never committed
+  expires on its own.
+- ``versions/<org>/<artifact>/<version>``: a committed version: only these are readable.
+- ``usage/<org>/<hour>/<digest>``: counters, merged by compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PREFIX = b"/o41/placement/"
+
+
+def pending_key(version: str) -> bytes:
+    return PREFIX + b"pending/" + version.encode()
+
+
+def version_key(organization: str, artifact: str, version: str) -> bytes:
+    return PREFIX + f"versions/{organization}/{artifact}/{version}".encode()
+
+
+def versions_prefix(organization: str, artifact: str) -> bytes:
+    return PREFIX + f"versions/{organization}/{artifact}/".encode()
+
+
+def usage_prefix(organization: str) -> bytes:
+    return PREFIX + f"usage/{organization}/".encode()
+
+
+def new_version() -> str:
+    """Sortable by time (ms, hex), unique by 64 random bits: ``0193a1b2c3d4-9f8e7d6c5b4a3f2e``."""
+    return f"{int(time.time() * 1000):012x}-{secrets.token_hex(8)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    organization: str
+    artifact: str
+    version: str
+    namespace: str
+    location: str
+    key: str
+    rule: str
+    cloud: str | None
+    region: str | None
+    source: str
+    size: int | None
+    md5: str | None
+    upload_id: str | None
+    parts: int
+    began: float
+
+    def dump(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def load(cls, raw: bytes) -> Pending:
+        return cls(**json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    organization: str
+    artifact: str
+    version: str
+    location: str
+    key: str
+    size: int
+    md5: str | None
+    rule: str
+    cloud: str | None
+    region: str | None
+    source: str
+    committed: float
+
+    def dump(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def load(cls, raw: bytes) -> Version:
+        data: dict[str, Any] = json.loads(raw)
+        return cls(**data)
