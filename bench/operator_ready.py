@@ -29,10 +29,10 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from kubernetes import client, config, watch  # noqa: E402
 
 from o41.testbed.kube import ControlPlane, bin_dir  # noqa: E402
+from o41.testbed.product import NAMESPACE, OperatorProcess  # noqa: E402
 from o41.testbed.stores import start_s3  # noqa: E402
 
 from fixtures.kube import Kube  # noqa: E402
-from fixtures.operator import NAMESPACE, Operator  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -105,7 +105,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="o41-bench-operator-"))
     plane = ControlPlane(work / "kube", bin_dir()).start()
     s3 = start_s3(work / "s3")
-    operator: Operator | None = None
+    operator: OperatorProcess | None = None
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))  # type: ignore[no-untyped-call]
         kube = Kube(plane.kubeconfig, api)
@@ -126,7 +126,7 @@ def main() -> int:
                 }
             ),
         )
-        operator = Operator(kube, work / "operator", check_interval=60).start()
+        operator = OperatorProcess(plane.kubeconfig, work / "operator", check_interval=60).start()
         assert operator.server is not None
         time.sleep(3)  # let it settle before reading its memory at rest
         rest = rss_mb(operator.server.pid)

@@ -4,5 +4,6 @@ pytest_plugins = [
     "fixtures.stores",
     "fixtures.kube",
     "fixtures.etcd",
-    "fixtures.operator",  # last: it imports the ones above
+    "fixtures.operator",  # after the ones it imports
+    "fixtures.placement",
 ]

@@ -9,9 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,23 +19,13 @@ from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.kube import Kube
 from fixtures.operator import Operator
+from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores]
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
 
 
 class Cluster:
@@ -431,9 +419,7 @@ def test_fifty_locations_applied_at_once_all_become_ready(cluster: Cluster) -> N
     assert status["fallback"] in names
 
 
-def test_a_bucket_that_breaks_after_ready_shows_in_status(
-    cluster: Cluster, s3: S3Store
-) -> None:
+def test_a_bucket_that_breaks_after_ready_shows_in_status(cluster: Cluster, s3: S3Store) -> None:
     org, loc = unique("org"), unique("aws-breaks")
     cluster.organization(org)
     cluster.location(loc, org)

@@ -48,6 +48,24 @@ def kubectl_binary() -> str:
     return found
 
 
+def kubectl(kubeconfig: Path, *args: str, input: str | None = None, check: bool = True) -> str:
+    """Run the real kubectl against ``kubeconfig``; returns stdout. With ``check``, a
+    failure raises and names kubectl's own message."""
+    done = subprocess.run(
+        [kubectl_binary(), f"--kubeconfig={kubeconfig}", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(
+            f"kubectl {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}"
+        )
+    return done.stdout
+
+
 @dataclass
 class ControlPlane:
     """The running control plane; ``kubeconfig`` is an admin (system:masters) kubeconfig."""
@@ -241,20 +259,7 @@ class ControlPlane:
         return len(ready) >= self.nodes
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        """Run the real kubectl against this control plane; returns stdout."""
-        done = subprocess.run(
-            [kubectl_binary(), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        )
-        if check and done.returncode != 0:
-            raise subprocess.CalledProcessError(
-                done.returncode, done.args, done.stdout, done.stderr
-            )
-        return done.stdout
+        return kubectl(self.kubeconfig, *args, input=input, check=check)
 
     def _add_nodes(self) -> None:
         for i in range(self.nodes):

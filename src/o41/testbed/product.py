@@ -1,0 +1,160 @@
+"""The product's own processes on the test bed: the operator and the placement service.
+
+Shared by the pytest fixtures, ``make demo`` and the benchmarks, so each starts them the
+same way: on 127.0.0.1, with no route to a real cloud's metadata address.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from o41.testbed.kube import kubectl
+from o41.testbed.pki import Authority
+from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+
+NAMESPACE = "o41-system"
+WEBHOOK_CONFIG = "o41-artifacts.o41.io"
+CRDS = Path(__file__).resolve().parents[3] / "crds"
+SAFE_ENV = {
+    "AWS_EC2_METADATA_DISABLED": "true",  # never ask a real metadata address
+    "NO_PROXY": "*",
+    "MALLOC_ARENA_MAX": "2",  # as the chart sets it: fewer malloc arenas, less RSS
+}
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - our own loopback URL
+        return bool(r.status == 200)
+
+
+def install_crds(kubeconfig: Path) -> None:
+    kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRDS))
+    for name in ("locations.artifacts.o41.io", "organizations.artifacts.o41.io"):
+        kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+@dataclass
+class OperatorProcess:
+    """``python -m o41.operator`` with its admission webhook on loopback, signed by a
+    throwaway CA, managing its ValidatingWebhookConfiguration. Can be killed and started."""
+
+    kubeconfig: Path
+    directory: Path
+    check_interval: float = 2.0
+    max_backoff: float = 4.0
+    server: Server | None = field(default=None, repr=False)
+    starts: int = 0
+
+    def start(self) -> OperatorProcess:
+        ca = Authority.create(self.directory / "pki")
+        cert = ca.issue("webhook", LOOPBACK, ips=(LOOPBACK,), dns=("localhost",))
+        liveness = f"http://{LOOPBACK}:{free_port()}/healthz"
+        self.starts += 1
+        self.server = Server(
+            f"operator#{self.starts}",
+            [
+                sys.executable,
+                "-m",
+                "o41.operator",
+                "--webhook-addr",
+                LOOPBACK,
+                "--webhook-port",
+                str(free_port()),
+                "--webhook-cert",
+                str(cert.cert),
+                "--webhook-key",
+                str(cert.key),
+                "--webhook-ca",
+                str(ca.cert_path),
+                "--webhook-managed",
+                WEBHOOK_CONFIG,
+                "--liveness",
+                liveness,
+            ],
+            self.directory / f"operator-{self.starts}.log",
+            env={
+                **SAFE_ENV,
+                "KUBECONFIG": str(self.kubeconfig),
+                "O41_OPERATOR_NAMESPACE": NAMESPACE,
+                "O41_LOCATION_CHECK_INTERVAL": str(self.check_interval),
+                "O41_MAX_BACKOFF": str(self.max_backoff),
+            },
+        ).start()
+        self.server.wait_ready(lambda: _answers(liveness), timeout=60)
+        wait_until(self._webhook_points_here, timeout=60, what="the webhook configuration")
+        return self
+
+    def _webhook_points_here(self) -> bool:
+        raw = kubectl(
+            self.kubeconfig,
+            "get",
+            "validatingwebhookconfiguration",
+            WEBHOOK_CONFIG,
+            "-o",
+            "json",
+            check=False,
+        )
+        urls = [
+            w["clientConfig"].get("url", "") for w in json.loads(raw or "{}").get("webhooks", [])
+        ]
+        return bool(urls) and all(f"{LOOPBACK}:" in u for u in urls)
+
+    def kill(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def log(self) -> str:
+        return self.server.tail(200) if self.server else ""
+
+
+@dataclass
+class PlacementProcess:
+    """``python -m o41.webhook`` on loopback, its state in etcd (or embedded)."""
+
+    kubeconfig: Path
+    etcd_endpoints: list[str]
+    directory: Path
+    port: int = field(default_factory=free_port)
+    server: Server | None = field(default=None, repr=False)
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> PlacementProcess:
+        self.starts += 1
+        self.server = Server(
+            f"placement#{self.starts}",
+            [
+                sys.executable,
+                "-m",
+                "o41.webhook",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+                "--etcd",
+                ",".join(self.etcd_endpoints),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--secrets-namespace",
+                NAMESPACE,
+            ],
+            self.directory / f"placement-{self.starts}.log",
+            env=SAFE_ENV,
+        ).start()
+        self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,536 @@
+"""Writes and reads end to end: kubectl, the operator, the placement service (a real
+process on a 3-member etcd), the stand-ins, and the `o41` CLI as a pod would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from o41.testbed.process import free_port
+from o41.testbed.product import PlacementProcess as PlacementService
+from o41.testbed.stores import AzureStore, GcsStore, S3Store
+
+from fixtures.kube import Kube
+from fixtures.placement import BreakableEndpoint
+from support import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
+
+API = "artifacts.o41.io/v1alpha1"
+
+
+class World:
+    """One organization with locations in several clouds and regions, and pod tokens."""
+
+    east: str
+    west: str
+    central: str
+    team_a: Path
+    team_b: Path
+
+    def __init__(
+        self,
+        kube: Kube,
+        credentials: dict[str, str],
+        s3: S3Store,
+        gcs: GcsStore,
+        azure: AzureStore,
+        service: PlacementService,
+        tmp: Path,
+    ) -> None:
+        self.kube, self.service, self.tmp = kube, service, tmp
+        self.org = f"ml-{uuid.uuid4().hex[:6]}"
+        self.s3, self.gcs, self.azure, self.credentials = s3, gcs, azure, credentials
+        self.closed = f"http://127.0.0.1:{free_port()}"  # metadata URLs: nothing listens
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def location(
+        self, name: str, cloud: str, region: str, backend: dict[str, Any], secret: str
+    ) -> str:
+        name = f"{self.org}-{name}"
+        self.apply(
+            {
+                "apiVersion": API,
+                "kind": "Location",
+                "metadata": {"name": name},
+                "spec": {
+                    "organization": self.org,
+                    "cloud": cloud,
+                    "region": region,
+                    "backend": backend,
+                    "credentials": {"secretName": secret},
+                },
+            }
+        )
+        return name
+
+    def organization(self, namespaces: list[str], **spec: Any) -> None:
+        self.apply(
+            {
+                "apiVersion": API,
+                "kind": "Organization",
+                "metadata": {"name": self.org},
+                "spec": {"namespaces": namespaces, **spec},
+            }
+        )
+
+    def ready(self, *names: str) -> None:
+        for name in names:
+            self.kube.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=60s")
+
+    def token(self, namespace: str) -> Path:
+        self.kube.kubectl("create", "namespace", namespace, check=False)
+        wait_for(
+            lambda: self.kube.kubectl("-n", namespace, "get", "sa", "default", check=False),
+            30,
+            "the default ServiceAccount",
+        )
+        token = self.kube.kubectl("-n", namespace, "create", "token", "default").strip()
+        path = self.tmp / f"token-{namespace}"
+        path.write_text(token)
+        return path
+
+    def o41(
+        self, *args: str, token: Path, place: tuple[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("O41_ARTIFACTS_", "SKYPILOT_"))
+        }
+        env.update(
+            {
+                "O41_ARTIFACTS_DMI_DIR": str(self.tmp / "no-dmi"),
+                "O41_ARTIFACTS_AWS_METADATA_URL": self.closed,
+                "O41_ARTIFACTS_GCP_METADATA_URL": self.closed,
+                "O41_ARTIFACTS_AZURE_METADATA_URL": self.closed,
+            }
+        )
+        if place:
+            env["O41_ARTIFACTS_CLOUD"], env["O41_ARTIFACTS_REGION"] = place
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "o41.cli",
+                *args,
+                "--endpoint",
+                self.service.url,
+                "--token-file",
+                str(token),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def write(
+        self,
+        data: bytes,
+        token: Path,
+        place: tuple[str, str] | None = None,
+        artifact: str = "model",
+    ) -> dict[str, Any]:
+        path = self.tmp / f"upload-{uuid.uuid4().hex[:6]}"
+        path.write_bytes(data)
+        done = self.o41(
+            "write",
+            "--org",
+            self.org,
+            "--artifact",
+            artifact,
+            str(path),
+            "--json",
+            token=token,
+            place=place,
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        result["stderr"] = done.stderr
+        return result
+
+    def read(
+        self,
+        version: str,
+        token: Path,
+        place: tuple[str, str] | None = None,
+        artifact: str = "model",
+    ) -> tuple[dict[str, Any], bytes]:
+        out = self.tmp / f"download-{uuid.uuid4().hex[:6]}"
+        done = self.o41(
+            "read",
+            "--org",
+            self.org,
+            "--artifact",
+            artifact,
+            "--version",
+            version,
+            "--output",
+            str(out),
+            "--json",
+            token=token,
+            place=place,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), out.read_bytes()
+
+    def usage(self, token: Path) -> list[dict[str, Any]]:
+        req = urllib.request.Request(
+            f"{self.service.url}/v1/usage?organization={self.org}",
+            headers={"Authorization": f"Bearer {token.read_text()}"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            records: list[dict[str, Any]] = json.load(r)["records"]
+            return records
+
+
+@pytest.fixture(scope="module")
+def world(
+    kube: Kube,
+    credentials: dict[str, str],
+    s3: S3Store,
+    gcs: GcsStore,
+    azure: AzureStore,
+    placement: PlacementService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> World:
+    w = World(kube, credentials, s3, gcs, azure, placement, tmp_path_factory.mktemp("world"))
+    w.organization(["team-a"])
+    w.east = w.location(
+        "aws-east", "aws", "us-east-1", {"s3": {"endpoint": s3.endpoint}}, credentials["s3"]
+    )
+    w.west = w.location(
+        "aws-west", "aws", "us-west-2", {"s3": {"endpoint": s3.endpoint}}, credentials["s3"]
+    )
+    w.central = w.location(
+        "gcp-central",
+        "gcp",
+        "us-central1",
+        {"gcs": {"endpoint": gcs.endpoint, "project": gcs.project}},
+        credentials["gcs"],
+    )
+    w.ready(w.east, w.west, w.central)
+    w.team_a = w.token("team-a")
+    w.team_b = w.token("team-b")
+    wait_for(
+        lambda: (
+            json.loads(w.kube.kubectl("get", "org", w.org, "-o", "json"))
+            .get("status", {})
+            .get("takesWrites")
+        ),
+        60,
+        "the organization to take writes",
+    )
+    return w
+
+
+def test_writes_land_where_the_spec_says(world: World) -> None:
+    region = world.write(b"region", world.team_a, ("aws", "us-west-2"))
+    assert (region["location"], region["rule"], region["warning"]) == (world.west, "region", None)
+
+    cloud = world.write(b"cloud", world.team_a, ("aws", "eu-west-1"))
+    assert (cloud["location"], cloud["rule"], cloud["warning"]) == (world.east, "cloud", None)
+
+    other = world.write(b"other cloud", world.team_a, ("azure", "westeurope"))
+    assert (other["location"], other["rule"]) == (world.east, "fallback")
+    assert "fallback" in other["warning"] and "azure/westeurope" in other["warning"]
+    assert other["warning"] in other["stderr"]  # the client logs it
+
+    unknown = world.write(b"unknown", world.team_a)  # no env, no SkyPilot, no DMI: none
+    assert (unknown["location"], unknown["rule"]) == (world.east, "fallback")
+    assert "unknown place" in unknown["warning"]
+
+
+def test_reads_return_the_bytes_and_say_how_far(world: World, s3: S3Store) -> None:
+    data = os.urandom(300_000)
+    written = world.write(data, world.team_a, ("aws", "us-east-1"))
+    assert written["location"] == world.east
+
+    local, got = world.read(written["version"], world.team_a, ("aws", "us-east-1"))
+    assert (local, got) == ({"location": world.east, "locality": "local"}, data)
+    far, _ = world.read(written["version"], world.team_a, ("aws", "us-west-2"))
+    assert far["locality"] == "cross-region"
+    farther, got = world.read(written["version"], world.team_a, ("gcp", "us-central1"))
+    assert farther["locality"] == "cross-cloud" and got == data
+
+    records = world.usage(world.team_a)
+    crossing = [
+        r for r in records if r["kind"] == "read" and r["dims"]["locality"] == "cross-cloud"
+    ]
+    assert sum(r["counts"]["bytes"] for r in crossing) >= len(data)
+
+
+def test_gcs_location_takes_writes_and_serves_reads(world: World) -> None:
+    data = os.urandom(50_000)
+    written = world.write(data, world.team_a, ("gcp", "us-central1"))
+    assert (written["location"], written["rule"]) == (world.central, "region")
+    found, got = world.read(written["version"], world.team_a, ("gcp", "us-central1"))
+    assert found["locality"] == "local" and got == data
+
+
+def test_a_large_file_goes_up_in_parallel_parts(world: World) -> None:
+    data = os.urandom(64 * 1024 * 1024 + 5 * 1024 * 1024)  # two parts
+    written = world.write(data, world.team_a, ("aws", "us-west-2"), artifact="big")
+    _, got = world.read(written["version"], world.team_a, ("aws", "us-west-2"), artifact="big")
+    assert got == data
+
+
+def test_namespace_not_listed_is_refused(world: World) -> None:
+    path = world.tmp / "f"
+    path.write_bytes(b"x")
+    done = world.o41(
+        "write",
+        "--org",
+        world.org,
+        "--artifact",
+        "a",
+        str(path),
+        "--json",
+        token=world.team_b,
+        place=("aws", "us-east-1"),
+    )
+    assert done.returncode == 1
+    assert "namespace 'team-b' may not use organization" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_broken_bucket_sends_the_write_on_and_it_succeeds(world: World, s3: S3Store) -> None:
+    proxy = BreakableEndpoint(s3.endpoint).start()
+    try:
+        flaky = world.location(
+            "nebius-flaky",
+            "nebius",
+            "eu-north1",
+            {"s3Compatible": {"endpoint": proxy.url}},
+            world.credentials["s3"],
+        )
+        world.ready(flaky)
+        fine = world.write(b"before", world.team_a, ("nebius", "eu-north1"))
+        assert (fine["location"], fine["rule"]) == (flaky, "region")
+
+        proxy.broken = True  # Ready stays True: lookups pass, uploads fail
+        moved = world.write(b"after", world.team_a, ("nebius", "eu-north1"))
+        assert proxy.refused >= 1
+        assert (moved["location"], moved["rule"]) == (world.east, "fallback")
+        assert f"without location {flaky}" in moved["stderr"]
+        _, got = world.read(moved["version"], world.team_a, ("aws", "us-east-1"))
+        assert got == b"after"
+    finally:
+        proxy.stop()
+
+
+def test_retired_location_takes_no_writes_but_serves_reads(world: World) -> None:
+    old = world.write(b"kept", world.team_a, ("aws", "us-west-2"), artifact="retire")
+    assert old["location"] == world.west
+    world.kube.kubectl(
+        "patch", "location", world.west, "--type=merge", "-p", '{"spec":{"retired":true}}'
+    )
+
+    def moved() -> dict[str, Any] | None:
+        new = world.write(b"new", world.team_a, ("aws", "us-west-2"), artifact="retire")
+        return new if new["location"] == world.east else None
+
+    new = wait_for(moved, 30, "writes to leave the retired location")
+    assert new["rule"] == "cloud"
+    found, got = world.read(old["version"], world.team_a, ("aws", "us-west-2"), artifact="retire")
+    assert (found["location"], got) == (world.west, b"kept")
+    world.kube.kubectl(
+        "patch", "location", world.west, "--type=merge", "-p", '{"spec":{"retired":false}}'
+    )
+
+
+def test_an_unfinished_location_gets_no_writes(world: World) -> None:
+    bad = world.location(
+        "azure-bad",
+        "azure",
+        "westeurope",
+        {"azureBlob": {"accountUrl": world.azure.account_url}},
+        world.credentials["azure-wrong"],
+    )
+    wait_for(
+        lambda: (
+            json.loads(world.kube.kubectl("get", "location", bad, "-o", "json"))
+            .get("status", {})
+            .get("unfinished")
+        ),
+        60,
+        "the location to be unfinished",
+    )
+    written = world.write(b"x", world.team_a, ("azure", "westeurope"))
+    assert (written["location"], written["rule"]) == (world.east, "fallback")
+
+
+def test_an_organization_without_a_fallback_refuses_writes(world: World, kube: Kube) -> None:
+    empty = f"empty-{uuid.uuid4().hex[:6]}"
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": API,
+                "kind": "Organization",
+                "metadata": {"name": empty},
+                "spec": {"namespaces": ["team-a"]},
+            }
+        ),
+    )
+    path = world.tmp / "g"
+    path.write_bytes(b"x")
+
+    def refused() -> str | None:
+        done = world.o41(
+            "write",
+            "--org",
+            empty,
+            "--artifact",
+            "a",
+            str(path),
+            token=world.team_a,
+            place=("aws", "us-east-1"),
+        )
+        return done.stderr if "no fallback location yet" in done.stderr else None
+
+    message = wait_for(refused, 30, "the service to know the organization")
+    assert "add a Location" in message
+
+
+def test_bad_input_gets_a_clear_4xx_never_a_500(world: World) -> None:
+    token = world.team_a.read_text()
+
+    def call(
+        method: str,
+        path: str,
+        body: bytes | None,
+        content_type: str = "application/json",
+        auth: bool = True,
+    ) -> tuple[int, dict[str, Any]]:
+        headers = {"Content-Type": content_type}
+        if auth:
+            headers["Authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(
+            f"{world.service.url}{path}",
+            data=body,
+            method=method,
+            headers=headers,
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    cases = [
+        (call("POST", "/v1/writes", b"{not json"), 400, "invalid request"),
+        (
+            call("POST", "/v1/writes", json.dumps({"organization": world.org}).encode()),
+            400,
+            "artifact",
+        ),
+        (
+            call(
+                "POST",
+                "/v1/writes",
+                json.dumps(
+                    {"organization": world.org, "artifact": "../x", "place": place}
+                ).encode(),
+            ),
+            400,
+            "artifact",
+        ),
+        (
+            call(
+                "POST",
+                "/v1/writes",
+                json.dumps(
+                    {"organization": world.org, "artifact": "a", "place": place, "size": -1}
+                ).encode(),
+            ),
+            400,
+            "size",
+        ),
+        (call("POST", "/v1/writes", b"x", content_type="text/plain"), 415, "JSON"),
+        (call("POST", "/v1/writes", b"{}", auth=False), 401, "Bearer"),
+        (call("POST", "/v1/writes", b"x" * (2 * 1024 * 1024)), 413, ""),
+        (call("POST", "/v1/writes/nope/commit", b"{}"), 404, "begin again"),
+        (
+            call("GET", f"/v1/organizations/{world.org}/artifacts/a/versions/nope", None),
+            404,
+            "no committed version",
+        ),
+        (
+            call("GET", "/v1/organizations/nobody/artifacts/a/versions/v", None),
+            404,
+            "does not exist",
+        ),
+        (call("GET", "/v1/nowhere", None), 404, ""),
+    ]
+    for (status, body), want_status, want in cases:
+        assert status == want_status, (status, body)
+        assert "error" in body and want in body["error"], body
+
+
+def test_commit_checks_the_bucket_really_holds_the_object(world: World) -> None:
+    token = world.team_a.read_text()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    begin = urllib.request.Request(
+        f"{world.service.url}/v1/writes",
+        method="POST",
+        headers=headers,
+        data=json.dumps(
+            {
+                "organization": world.org,
+                "artifact": "unsent",
+                "size": 10,
+                "place": {"cloud": "aws", "region": "us-east-1", "source": "env"},
+            }
+        ).encode(),
+    )
+    with urllib.request.urlopen(begin, timeout=10) as r:
+        version = json.load(r)["version"]
+    commit = urllib.request.Request(
+        f"{world.service.url}/v1/writes/{version}/commit",
+        method="POST",
+        headers=headers,
+        data=b"{}",
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(commit, timeout=10)
+    assert caught.value.code == 409
+    assert "not in the bucket" in json.loads(caught.value.read())["error"]
+    # and it is not readable
+    done = world.o41(
+        "read",
+        "--org",
+        world.org,
+        "--artifact",
+        "unsent",
+        "--version",
+        version,
+        "--output",
+        str(world.tmp / "nothing"),
+        token=world.team_a,
+    )
+    assert done.returncode == 1 and "no committed version" in done.stderr
+
+
+def test_a_service_restart_loses_no_committed_version(world: World) -> None:
+    data = os.urandom(10_000)
+    written = world.write(data, world.team_a, ("aws", "us-east-1"), artifact="durable")
+    world.service.stop()
+    world.service.start()
+    _, got = world.read(written["version"], world.team_a, artifact="durable")
+    assert got == data
