@@ -313,7 +313,7 @@ def test_a_broken_bucket_sends_the_write_on_and_it_succeeds(world: World, s3: S3
             "nebius-flaky",
             "nebius",
             "eu-north1",
-            {"s3Compatible": {"endpoint": proxy.url}},
+            {"s3Compatible": {"endpoint": proxy.url, "signingRegion": "us-east-1"}},
             world.credentials["s3"],
         )
         world.ready(flaky)

@@ -480,6 +480,12 @@ class S3Bucket:
             bare = etag.strip('"')
             if len(bare) == 32 and "-" not in bare:
                 md5 = bare.lower()
+        if head.get("ContentLength") is None:  # a proxy in the way dropped it
+            raise StorageError(
+                Reason.BACKEND_ERROR,
+                f"{self._where} answered a lookup of {key!r} without its size",
+                retryable=True,
+            )
         return ObjectStat(
             size=int(head["ContentLength"]), etag=etag, md5=md5, crc32c=head.get("ChecksumCRC32C")
         )

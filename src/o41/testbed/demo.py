@@ -1,39 +1,41 @@
-"""``make demo``: bring up the local stack, show each part working, and stop it all."""
+"""``make demo``: the product's main job on the local stack, then everything stopped.
+
+An organization with locations in three clouds and regions (on the stand-ins), writes
+from several places and reads across them, showing where each write went and why, and
+how far each read travelled.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from o41.testbed.kube import kubectl
+from o41.testbed.product import NAMESPACE, OperatorProcess, PlacementProcess, install_crds
 from o41.testbed.stack import Stack
 
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+API = "artifacts.o41.io/v1alpha1"
+ORG = "ml"
+TEAM = "team-a"
 
 
 def say(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def _round_trip(put_url: str, get_url: str, body: bytes, headers: dict[str, str]) -> bytes:
-    put = urllib.request.Request(put_url, data=body, method="PUT", headers=headers)  # noqa: S310
-    with _DIRECT.open(put, timeout=10):
-        pass
-    with _DIRECT.open(get_url, timeout=10) as r:
-        data: bytes = r.read()
-        return data
-
-
 def run() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="o41-demo-") as tmp:
-        stack = Stack(Path(tmp))
+        work = Path(tmp)
+        stack = Stack(work / "stack")
         try:
-            say("starting the local stack (control plane, etcd, storage stand-ins)")
+            say("starting the local stack: control plane, etcd, storage stand-ins")
             stack.start()
             print(f"up in {time.monotonic() - started:.1f} s")
-            _show(stack)
+            _main_job(stack, work)
         finally:
             say("stopping every process by its pid")
             stack.stop()
@@ -41,59 +43,144 @@ def run() -> int:
     return 0
 
 
-def _show(stack: Stack) -> None:
-    plane = stack.control_plane
-    assert plane is not None and stack.s3 and stack.gcs and stack.azure and stack.state_store
-    say("the control plane: a real kube-apiserver with kwok nodes")
-    print(plane.kubectl("version"))
-    print(plane.kubectl("get", "nodes", "-o", "wide"))
-    crds = Path(__file__).resolve().parents[3] / "crds"
-    if crds.is_dir():
-        say("the product's CRDs")
-        print(plane.kubectl("apply", "--server-side", "-f", str(crds)))
-        print(plane.kubectl("api-resources", "--categories=o41"))
+def _apply(kubeconfig: Path, obj: dict[str, object]) -> None:
+    kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(obj))
 
-    body = b"checkpoint step 1000\n"
-    say("S3 stand-in (moto): presigned PUT then GET")
-    s3 = stack.s3.client()
-    s3.create_bucket(Bucket="demo")
-    put = s3.generate_presigned_url("put_object", Params={"Bucket": "demo", "Key": "k"})
-    get = s3.generate_presigned_url("get_object", Params={"Bucket": "demo", "Key": "k"})
-    got = _round_trip(put, get, body, {"Content-Type": "application/octet-stream"})
-    print(f"read back {got!r}")
 
-    say("GCS stand-in (fake-gcs-server): V4-signed PUT then GET")
-    import datetime as dt
+def _main_job(stack: Stack, work: Path) -> None:
+    plane, s3, gcs, azure = stack.control_plane, stack.s3, stack.gcs, stack.azure
+    assert plane and s3 and gcs and azure and stack.state_store
+    kubeconfig = plane.kubeconfig
+    print(kubectl(kubeconfig, "get", "nodes"))
 
-    bucket = stack.gcs.client().create_bucket("demo")
-    blob = bucket.blob("k")
-    creds = stack.gcs.signing_credentials()
-    ttl = dt.timedelta(minutes=5)
-    put = blob.generate_signed_url(version="v4", method="PUT", expiration=ttl, credentials=creds)
-    get = blob.generate_signed_url(version="v4", method="GET", expiration=ttl, credentials=creds)
-    print(f"read back {_round_trip(put, get, body, {})!r}")
+    say("installing the CRDs and starting the operator (admission webhook on 127.0.0.1)")
+    install_crds(kubeconfig)
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+    for name, data in {
+        "creds-s3": {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key},
+        "creds-gcs": {"serviceAccount.json": json.dumps(gcs.service_account_info)},
+        "creds-azure": {"accountKey": azure.account_key},
+    }.items():
+        _apply(
+            kubeconfig,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "stringData": data,
+                "metadata": {"name": name, "namespace": NAMESPACE},
+            },
+        )
+    operator = OperatorProcess(kubeconfig, work / "operator", check_interval=30).start()
+    assert operator.server is not None
+    stack.extra.append(operator.server)  # stopped with the stack
 
-    say("Azure stand-in (Azurite): SAS PUT then GET; Azurite checks the signature")
-    from azure.storage.blob import BlobSasPermissions, generate_blob_sas
-
-    stack.azure.client().create_container("demo")
-    sas = generate_blob_sas(
-        stack.azure.account_name,
-        "demo",
-        "k",
-        account_key=stack.azure.account_key,
-        permission=BlobSasPermissions(read=True, create=True, write=True),
-        expiry=dt.datetime.now(dt.UTC) + ttl,
+    say(f"an organization {ORG!r} and four locations in three clouds")
+    _apply(
+        kubeconfig,
+        {
+            "apiVersion": API,
+            "kind": "Organization",
+            "metadata": {"name": ORG},
+            "spec": {"namespaces": [TEAM]},
+        },
     )
-    url = f"{stack.azure.account_url}/demo/k?{sas}"
-    print(f"read back {_round_trip(url, url, body, {'x-ms-blob-type': 'BlockBlob'})!r}")
+    locations = {
+        "aws-us-east-1": ("aws", "us-east-1", {"s3": {"endpoint": s3.endpoint}}, "creds-s3"),
+        "aws-us-west-2": ("aws", "us-west-2", {"s3": {"endpoint": s3.endpoint}}, "creds-s3"),
+        "gcp-us-central1": (
+            "gcp",
+            "us-central1",
+            {"gcs": {"endpoint": gcs.endpoint, "project": gcs.project}},
+            "creds-gcs",
+        ),
+        "azure-westeurope": (
+            "azure",
+            "westeurope",
+            {"azureBlob": {"accountUrl": azure.account_url}},
+            "creds-azure",
+        ),
+    }
+    for name, (cloud, region, backend, secret) in locations.items():
+        _apply(
+            kubeconfig,
+            {
+                "apiVersion": API,
+                "kind": "Location",
+                "metadata": {"name": name},
+                "spec": {
+                    "organization": ORG,
+                    "cloud": cloud,
+                    "region": region,
+                    "backend": backend,
+                    "credentials": {"secretName": secret},
+                },
+            },
+        )
+        kubectl(kubeconfig, "wait", "--for=condition=Ready", f"location/{name}", "--timeout=60s")
+    kubectl(
+        kubeconfig,
+        "wait",
+        "--for=jsonpath={.status.takesWrites}=true",
+        f"organization/{ORG}",
+        "--timeout=60s",
+    )
+    print(kubectl(kubeconfig, "get", "locations"))
+    print(kubectl(kubeconfig, "get", "organizations"))
 
-    say("etcd state store: three members; kill the leader, writes go on")
-    leader = stack.state_store.leader()
-    print(f"leader is member {leader}; killing pid {stack.state_store.kill(leader)}")
-    stack.state_store.wait_healthy()
-    print(f"new leader is member {stack.state_store.leader()}")
+    say("the placement service (state in the 3-member etcd)")
+    service = PlacementProcess(kubeconfig, stack.state_store.endpoints, work / "placement").start()
+    assert service.server is not None
+    stack.extra.append(service.server)
+    print(f"listening on {service.url}")
+    kubectl(kubeconfig, "create", "namespace", TEAM)
+    token_file = work / "token"
+    for _ in range(100):  # the ServiceAccount appears when the controller-manager sees it
+        token = kubectl(kubeconfig, "-n", TEAM, "create", "token", "default", check=False)
+        if token:
+            break
+        time.sleep(0.1)
+    token_file.write_text(token.strip())
+
+    from o41.client.artifacts import Artifacts
+    from o41.core.places import Place
+
+    checkpoint = work / "checkpoint.bin"
+    checkpoint.write_bytes(os.urandom(2 * 1024 * 1024))
+    say("writes from several places (the rule that matched, and the warning if any)")
+    writers = [
+        Place("aws", "us-west-2", "env"),
+        Place("aws", "eu-west-1", "skypilot"),
+        Place("gcp", "us-central1", "metadata"),
+        Place("nebius", "eu-north1", "skypilot"),
+        Place(None, None, "none"),
+    ]
+    versions = []
+    for place in writers:
+        client = Artifacts(service.url, str(token_file), place)
+        written = client.write(ORG, "checkpoint", checkpoint)
+        where = f"{place.cloud or '?'}/{place.region or '?'} ({place.source})"
+        print(
+            f"  from {where:<32} -> {written.location:<18} rule={written.rule:<8} "
+            f"{'WARNING: ' + written.warning if written.warning else ''}"
+        )
+        versions.append(written)
+
+    say("reads from other places (how far each one travelled)")
+    readers = [
+        Place("aws", "us-west-2", "env"),
+        Place("aws", "us-east-1", "env"),
+        Place("gcp", "us-central1", "env"),
+    ]
+    for reader in readers:
+        client = Artifacts(service.url, str(token_file), reader)
+        for written in versions[:3]:
+            got = client.read(ORG, "checkpoint", written.version, work / "out.bin")
+            print(
+                f"  {reader.cloud}/{reader.region:<12} reads {written.version[:12]}… from "
+                f"{got.location:<18} {got.locality}"
+            )
 
     say("what to look at next")
-    print("  make dev-up && source .dev/env && kubectl get nodes   # the same stack, kept running")
-    print("  make test                                             # the whole suite")
+    print("  make dev-up && source .dev/env && kubectl get locations   # the stack, kept up")
+    print("  docs/operator.md, docs/placement.md                       # how it decides")
+    print("  make test                                                 # the whole suite")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -114,8 +115,8 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.add_routes(placement.routes)
-    collections = importlib.import_module("o41.webhook.collections")
-    collections.setup(app)
+    if importlib.util.find_spec("o41.webhook.collections") is not None:
+        importlib.import_module("o41.webhook.collections").setup(app)
     return app
 
 
