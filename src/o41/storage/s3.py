@@ -13,9 +13,12 @@ import functools
 import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 import botocore.session
 from botocore import exceptions as bex
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 
 from o41.storage.base import (
@@ -388,13 +391,13 @@ class S3Bucket:
                 raise ValueError("size must be >= 0")
             params["ContentLength"] = size
             headers["Content-Length"] = str(size)
-        url = self._presign("put_object", params, expires)
+        url = self._presign_object("PUT", key, headers, expires)
         return SignedRequest("PUT", url, headers, at)
 
     def presign_get(self, key: str, *, expires: int) -> SignedRequest:
         check_key(key)
         at = expires_at(expires)
-        url = self._presign("get_object", {"Bucket": self.ref.bucket, "Key": key}, expires)
+        url = self._presign_object("GET", key, {}, expires)
         return SignedRequest("GET", url, {}, at)
 
     def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
@@ -489,6 +492,32 @@ class S3Bucket:
         return ObjectStat(
             size=int(head["ContentLength"]), etag=etag, md5=md5, crc32c=head.get("ChecksumCRC32C")
         )
+
+    @functools.cached_property
+    def _object_base(self) -> str:
+        """This bucket's object URL prefix (endpoint, addressing style), resolved once by
+        botocore's endpoint rules: resolving them is most of what a presign costs."""
+        probe = "o41-probe"
+        url: str = self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.ref.bucket, "Key": probe}, ExpiresIn=60
+        )
+        base = url.split("?", 1)[0]
+        assert base.endswith("/" + probe), base
+        return base[: -len(probe)]
+
+    def _presign_object(self, method: str, key: str, headers: dict[str, str], expires: int) -> str:
+        """SigV4 query signing by botocore's own signer, on the URL resolved once."""
+        try:
+            credentials = self._client._request_signer._credentials.get_frozen_credentials()
+            request = AWSRequest(
+                method=method, url=self._object_base + quote(key, safe="/~"), headers=headers
+            )
+            S3SigV4QueryAuth(credentials, "s3", self.signing_region, expires=expires).add_auth(
+                request
+            )
+        except Exception as e:
+            self._raise(e, "signing a URL for", cls=StorageError)
+        return str(request.url)
 
     def _presign(self, operation: str, params: dict[str, Any], expires: int) -> str:
         """Local SigV4 computation for the bucket's own endpoint and signing region."""

@@ -19,6 +19,7 @@ from aiohttp import web
 from o41 import __version__
 from o41.state import open_store
 from o41.webhook import auth, errors, placement
+from o41.webhook.batching import PutBatcher
 from o41.webhook.keys import STORE
 from o41.webhook.usage import Usage
 from o41.webhook.view import Secrets, View, Watcher
@@ -56,6 +57,7 @@ def kubernetes_client(settings: Settings) -> Any:
 async def state_store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     app[STORE] = open_store(settings.etcd_endpoints or None, timeout=settings.store_timeout)
+    app[placement.BATCHER] = PutBatcher(app[STORE])
     usage = Usage(app[STORE], settings.usage_interval)
     app[placement.USAGE] = usage
     flusher = asyncio.create_task(usage.run())

@@ -19,6 +19,7 @@ from o41.core.places import Place, locality
 from o41.state import Compare, Delete, Put, StoreUnavailable
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
 from o41.webhook.auth import caller
+from o41.webhook.batching import PutBatcher
 from o41.webhook.errors import problem
 from o41.webhook.keys import STORE
 from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
@@ -38,6 +39,7 @@ SECRETS: web.AppKey[Secrets] = web.AppKey("secrets", Secrets)
 USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
 BUCKETS: web.AppKey[dict[str, tuple[BucketRef, Bucket]]] = web.AppKey("buckets", dict)
 LEASES: web.AppKey[dict[int, int]] = web.AppKey("leases", dict)
+BATCHER: web.AppKey[PutBatcher] = web.AppKey("batcher", PutBatcher)
 
 routes = web.RouteTableDef()
 
@@ -205,7 +207,7 @@ async def begin(request: web.Request) -> web.Response:
     )
     try:
         lease = await pending_lease(request)
-        await request.app[STORE].put(pending_key(version), pending.dump(), lease=lease)
+        await request.app[BATCHER].put(pending_key(version), pending.dump(), lease=lease)
     except StoreUnavailable as e:
         raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
     request.app[USAGE].add(

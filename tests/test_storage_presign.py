@@ -1,0 +1,56 @@
+"""The fast S3 presign path signs exactly what botocore's full path signs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from unittest import mock
+
+import pytest
+
+from o41.storage import BucketRef, open_bucket
+from o41.storage.s3 import S3Bucket
+
+FIXED = dt.datetime(2026, 11, 29, 12, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "endpoint", "bucket"),
+    [
+        ("s3", None, "o41-models-0123abcd"),  # AWS: virtual-hosted, regional
+        ("s3", None, "o41.dotted.name"),  # dotted names stay on path style
+        ("s3", "http://127.0.0.1:9000", "o41-models-0123abcd"),  # an endpoint override
+        ("s3_compatible", "https://storage.eu-north1.nebius.cloud", "o41-nebius-1"),
+    ],
+)
+@pytest.mark.parametrize("key", ["model/0193a1b2c3d4-9f8e", "a b/ü+%.pt"])
+def test_fast_presign_equals_botocore(
+    kind: str, endpoint: str | None, bucket: str, key: str
+) -> None:
+    ref = BucketRef(
+        kind=kind,  # type: ignore[arg-type]
+        bucket=bucket,
+        region="eu-west-2",
+        endpoint=endpoint,
+        credentials={"accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "not-a-secret"},
+    )
+    s3 = open_bucket(ref)
+    assert isinstance(s3, S3Bucket)
+    headers = {"Content-Type": "application/octet-stream", "Content-Length": "10"}
+    with mock.patch("botocore.auth.datetime") as clock:
+        clock.datetime.utcnow.return_value = FIXED
+        clock.datetime.now.return_value = FIXED
+        fast_put = s3._presign_object("PUT", key, headers, 3600)
+        full_put = s3._presign(
+            "put_object",
+            {
+                "Bucket": bucket,
+                "Key": key,
+                "ContentType": headers["Content-Type"],
+                "ContentLength": 10,
+            },
+            3600,
+        )
+        fast_get = s3._presign_object("GET", key, {}, 900)
+        full_get = s3._presign("get_object", {"Bucket": bucket, "Key": key}, 900)
+    assert fast_put == full_put
+    assert fast_get == full_get
