@@ -534,3 +534,26 @@ def test_a_service_restart_loses_no_committed_version(world: World) -> None:
     world.service.start()
     _, got = world.read(written["version"], world.team_a, artifact="durable")
     assert got == data
+
+
+def test_a_location_shows_how_many_versions_it_holds(world: World, s3: S3Store) -> None:
+    counted = world.location(
+        "aws-counted",
+        "aws",
+        "ap-south-1",
+        {"s3": {"endpoint": s3.endpoint}},
+        world.credentials["s3"],
+    )
+    world.ready(counted)
+    for i in range(3):
+        written = world.write(b"%d" % i, world.team_a, ("aws", "ap-south-1"), artifact="counted")
+        assert written["location"] == counted
+
+    def shown() -> str | None:
+        out = world.kube.kubectl("get", "location", counted, "-o", "wide")
+        header, row = out.splitlines()[:2]
+        start = header.index("VERSIONS")  # cells may be empty: cut at the header's offset
+        cell = row[start:].split()[0]
+        return cell if cell == "3" else None
+
+    assert wait_for(shown, 30, "the VERSIONS column to show 3") == "3"

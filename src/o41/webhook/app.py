@@ -20,6 +20,7 @@ from o41 import __version__
 from o41.state import open_store
 from o41.webhook import auth, errors, placement
 from o41.webhook.batching import PutBatcher
+from o41.webhook.counts import VersionCounts
 from o41.webhook.keys import STORE
 from o41.webhook.usage import Usage
 from o41.webhook.view import Secrets, View, Watcher
@@ -77,7 +78,15 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     app[placement.SECRETS] = Secrets(api, settings.secrets_namespace)
     watcher = Watcher(api, app[placement.VIEW], asyncio.get_running_loop())
     watcher.start()
+    counts = VersionCounts(app[STORE], api, settings.usage_interval)
+    app[placement.COUNTS] = counts
+    shower = asyncio.create_task(counts.run())
     yield
+    shower.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await shower
+    with contextlib.suppress(Exception):
+        await counts.flush()
     watcher.stop()
 
 

@@ -20,6 +20,7 @@ from o41.state import Compare, Delete, Put, StoreUnavailable
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
 from o41.webhook.auth import caller
 from o41.webhook.batching import PutBatcher
+from o41.webhook.counts import VersionCounts
 from o41.webhook.errors import problem
 from o41.webhook.keys import STORE
 from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
@@ -40,6 +41,7 @@ USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
 BUCKETS: web.AppKey[dict[str, tuple[BucketRef, Bucket]]] = web.AppKey("buckets", dict)
 LEASES: web.AppKey[dict[int, int]] = web.AppKey("leases", dict)
 BATCHER: web.AppKey[PutBatcher] = web.AppKey("batcher", PutBatcher)
+COUNTS: web.AppKey[VersionCounts] = web.AppKey("counts", VersionCounts)
 
 routes = web.RouteTableDef()
 
@@ -317,8 +319,11 @@ async def commit(request: web.Request) -> web.Response:
         [Compare(pending_key(version), "mod", "==", found.mod_revision)],
         [Delete(pending_key(version)), Put(vkey, record.dump())],
     )
-    if not result.succeeded and await store.get(vkey) is None:
-        raise problem(409, f"write {version!r} changed while committing; commit again")
+    if not result.succeeded:
+        if await store.get(vkey) is None:
+            raise problem(409, f"write {version!r} changed while committing; commit again")
+    else:
+        request.app[COUNTS].committed(location.name)
     request.app[USAGE].add(
         pending.organization,
         "write",
