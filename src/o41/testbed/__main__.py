@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         from o41.testbed.process import detach
 
         detach()
-        stack = Stack(directory).start()
+        stack = Stack(directory).start().start_product()
         print(f"stack up; {len(stack.servers())} processes recorded in {directory}/pids.json")
+        print(f"  placement service: {stack.endpoint}")
         print(f"  source {directory}/env")
         print("  kubectl get nodes")
         return 0

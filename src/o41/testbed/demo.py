@@ -8,13 +8,13 @@ how far each read travelled.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 
 from o41.testbed.kube import kubectl
-from o41.testbed.product import NAMESPACE, OperatorProcess, PlacementProcess, install_crds
 from o41.testbed.stack import Stack
 
 API = "artifacts.o41.io/v1alpha1"
@@ -53,26 +53,9 @@ def _main_job(stack: Stack, work: Path) -> None:
     kubeconfig = plane.kubeconfig
     print(kubectl(kubeconfig, "get", "nodes"))
 
-    say("installing the CRDs and starting the operator (admission webhook on 127.0.0.1)")
-    install_crds(kubeconfig)
-    kubectl(kubeconfig, "create", "namespace", NAMESPACE)
-    for name, data in {
-        "creds-s3": {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key},
-        "creds-gcs": {"serviceAccount.json": json.dumps(gcs.service_account_info)},
-        "creds-azure": {"accountKey": azure.account_key},
-    }.items():
-        _apply(
-            kubeconfig,
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "stringData": data,
-                "metadata": {"name": name, "namespace": NAMESPACE},
-            },
-        )
-    operator = OperatorProcess(kubeconfig, work / "operator", check_interval=30).start()
-    assert operator.server is not None
-    stack.extra.append(operator.server)  # stopped with the stack
+    say("the CRDs, the operator (admission webhook on 127.0.0.1) and the placement service")
+    stack.start_product()
+    print(f"placement service on {stack.endpoint}, its state in the 3-member etcd")
 
     say(f"an organization {ORG!r} and four locations in three clouds")
     _apply(
@@ -127,11 +110,6 @@ def _main_job(stack: Stack, work: Path) -> None:
     print(kubectl(kubeconfig, "get", "locations"))
     print(kubectl(kubeconfig, "get", "organizations"))
 
-    say("the placement service (state in the 3-member etcd)")
-    service = PlacementProcess(kubeconfig, stack.state_store.endpoints, work / "placement").start()
-    assert service.server is not None
-    stack.extra.append(service.server)
-    print(f"listening on {service.url}")
     kubectl(kubeconfig, "create", "namespace", TEAM)
     token_file = work / "token"
     for _ in range(100):  # the ServiceAccount appears when the controller-manager sees it
@@ -143,6 +121,8 @@ def _main_job(stack: Stack, work: Path) -> None:
 
     from o41.client.artifacts import Artifacts
     from o41.core.places import Place
+
+    logging.getLogger("o41").setLevel(logging.ERROR)  # the table below shows the warnings
 
     checkpoint = work / "checkpoint.bin"
     checkpoint.write_bytes(os.urandom(2 * 1024 * 1024))
@@ -156,7 +136,7 @@ def _main_job(stack: Stack, work: Path) -> None:
     ]
     versions = []
     for place in writers:
-        client = Artifacts(service.url, str(token_file), place)
+        client = Artifacts(stack.endpoint, str(token_file), place)
         written = client.write(ORG, "checkpoint", checkpoint)
         where = f"{place.cloud or '?'}/{place.region or '?'} ({place.source})"
         print(
@@ -172,7 +152,7 @@ def _main_job(stack: Stack, work: Path) -> None:
         Place("gcp", "us-central1", "env"),
     ]
     for reader in readers:
-        client = Artifacts(service.url, str(token_file), reader)
+        client = Artifacts(stack.endpoint, str(token_file), reader)
         for written in versions[:3]:
             got = client.read(ORG, "checkpoint", written.version, work / "out.bin")
             print(

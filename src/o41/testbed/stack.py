@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from o41.testbed.process import Server
 from o41.testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
 
 
+_PARTS = ("kube", "state-etcd", "s3", "gcs", "azure", "operator", "placement")
+
+
 @dataclass
 class Stack:
     directory: Path
@@ -30,9 +34,12 @@ class Stack:
     gcs: GcsStore | None = None
     azure: AzureStore | None = None
     extra: list[Server] = field(default_factory=list)
+    endpoint: str | None = None  # the placement service, once the product runs
 
     def start(self) -> Stack:
         self.directory.mkdir(parents=True, exist_ok=True)
+        for part in _PARTS:  # the data of a stack that is gone means nothing now
+            shutil.rmtree(self.directory / part, ignore_errors=True)
         bins = bin_dir()
         try:
             self.control_plane = ControlPlane(self.directory / "kube", bins).start()
@@ -43,6 +50,49 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+        self._write_records()
+        return self
+
+    def start_product(self) -> Stack:
+        """CRDs, the stand-ins' credentials as Secrets, the operator and the placement
+        service (state in the 3-member etcd), as the chart would install them."""
+        import json
+
+        from o41.testbed.kube import kubectl
+        from o41.testbed.product import (
+            NAMESPACE,
+            OperatorProcess,
+            PlacementProcess,
+            install_crds,
+        )
+
+        assert self.control_plane and self.state_store and self.s3 and self.gcs and self.azure
+        kubeconfig = self.control_plane.kubeconfig
+        install_crds(kubeconfig)
+        kubectl(kubeconfig, "create", "namespace", NAMESPACE)
+        secrets = {
+            "creds-s3": {"accessKeyId": self.s3.access_key, "secretAccessKey": self.s3.secret_key},
+            "creds-gcs": {"serviceAccount.json": json.dumps(self.gcs.service_account_info)},
+            "creds-azure": {"accountKey": self.azure.account_key},
+        }
+        for name, data in secrets.items():
+            secret = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "stringData": data,
+                "metadata": {"name": name, "namespace": NAMESPACE},
+            }
+            kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(secret))
+        operator = OperatorProcess(kubeconfig, self.directory / "operator", check_interval=30)
+        operator.start()
+        assert operator.server is not None
+        self.extra.append(operator.server)
+        service = PlacementProcess(
+            kubeconfig, self.state_store.endpoints, self.directory / "placement"
+        ).start()
+        assert service.server is not None
+        self.extra.append(service.server)
+        self.endpoint = service.url
         self._write_records()
         return self
 
@@ -63,6 +113,8 @@ class Stack:
             env["KUBECONFIG"] = str(self.control_plane.kubeconfig)
         if self.state_store is not None:
             env["O41_ETCD_ENDPOINTS"] = ",".join(self.state_store.endpoints)
+        if self.endpoint is not None:
+            env["O41_ARTIFACTS_ENDPOINT"] = self.endpoint
         for store in (self.s3, self.gcs, self.azure):
             if store is not None:
                 env.update(store.env())
