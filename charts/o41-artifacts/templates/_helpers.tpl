@@ -1,0 +1,87 @@
+{{/* Name of the chart, or its override. */}}
+{{- define "o41.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every object's name: <release>-o41-artifacts, or its override. */}}
+{{- define "o41.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "o41.operator" -}}{{ include "o41.fullname" . | trunc 54 | trimSuffix "-" }}-operator{{- end }}
+{{- define "o41.placement" -}}{{ include "o41.fullname" . | trunc 53 | trimSuffix "-" }}-placement{{- end }}
+{{- define "o41.etcd" -}}{{ include "o41.fullname" . | trunc 50 | trimSuffix "-" }}-etcd{{- end }}
+{{- define "o41.webhookTLS" -}}{{ include "o41.fullname" . | trunc 49 | trimSuffix "-" }}-webhook-tls{{- end }}
+{{- define "o41.webhookConfig" -}}{{ include "o41.fullname" . }}.artifacts.o41.io{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "o41.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "o41.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: o41-artifacts
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "operator"). */}}
+{{- define "o41.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "o41.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "o41.componentLabels" -}}
+{{ include "o41.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "o41.image" -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{/* etcd client URLs the placement service uses, comma-separated. */}}
+{{- define "o41.etcdEndpoints" -}}
+{{- if .Values.etcd.external.endpoints }}
+{{- join "," .Values.etcd.external.endpoints }}
+{{- else }}
+{{- $etcd := include "o41.etcd" . }}
+{{- $urls := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:2379" $etcd $i $etcd $.Release.Namespace) }}
+{{- end }}
+{{- join "," $urls }}
+{{- end }}
+{{- end }}
+
+{{/* The container securityContext of every container the chart runs. */}}
+{{- define "o41.containerSecurityContext" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "o41.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}

@@ -1,0 +1,394 @@
+"""The chart in a real control plane: `helm install`, `upgrade`, `uninstall`, and the RBAC it
+grants proved by running the real operator and placement service with its ServiceAccounts'
+tokens.
+
+kwok runs the pods (Running and Ready without pulling an image), so what is proved here is
+what the API server and the controllers make of the chart; the product's own processes run
+on 127.0.0.1 (o41.testbed.product), with the tokens of the chart's ServiceAccounts.
+
+One release per module, in a namespace of its own. While it is installed its webhook
+configuration (failurePolicy Fail) points at an operator pod that kwok only pretends to
+run, so nothing could change a Location: the process part below removes the configuration
+first and runs the operator with --no-webhook (tests/test_operator.py covers admission).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from o41.testbed.kube import kubectl_binary
+from o41.testbed.process import LOOPBACK, Server, free_port
+from o41.testbed.product import SAFE_ENV
+from o41.testbed.stores import S3Store
+from test_chart import CHART, helm
+
+from fixtures.kube import Kube
+from support import wait_for
+
+pytestmark = [pytest.mark.kube]
+
+CRD_NAMES = ("locations.artifacts.o41.io", "organizations.artifacts.o41.io")
+
+
+@dataclass
+class Release:
+    kube: Kube
+    name: str
+    namespace: str
+    directory: Path
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.name}-o41-artifacts"
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [helm(), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+            env={**os.environ, "KUBECONFIG": str(self.kube.kubeconfig)},
+        )
+        if check:
+            assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def get(self, kind: str, name: str, namespaced: bool = True) -> dict[str, Any]:
+        ns = ["-n", self.namespace] if namespaced else []
+        result: dict[str, Any] = json.loads(self.kube.kubectl("get", kind, name, *ns, "-o", "json"))
+        return result
+
+    def ready(self) -> bool:
+        """Every Deployment Available with all replicas updated and ready; the StatefulSet
+        with all members ready."""
+        for kind in ("deployments", "statefulsets"):
+            items = json.loads(self.kube.kubectl("get", kind, "-n", self.namespace, "-o", "json"))
+            for item in items["items"]:
+                want = item["spec"]["replicas"]
+                status = item.get("status", {})
+                if status.get("observedGeneration") != item["metadata"]["generation"]:
+                    return False
+                if status.get("readyReplicas", 0) != want or status.get("replicas", 0) != want:
+                    return False
+                if status.get("updatedReplicas", 0) != want:
+                    return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def release(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    name = "o41"
+    namespace = f"o41-chart-{uuid.uuid4().hex[:6]}"
+    rel = Release(kube, name, namespace, tmp_path_factory.mktemp("chart"))
+    # no provisioner here: etcd on emptyDir (the PVC template is tested by rendering)
+    installed = rel.helm(
+        "install", name, str(CHART), "--namespace", namespace, "--create-namespace",
+        "--set", "etcd.persistence.enabled=false",
+    )  # fmt: skip
+    (rel.directory / "install.out").write_text(installed.stdout)
+    try:
+        yield rel
+    finally:
+        rel.helm("uninstall", name, "--namespace", namespace, check=False)
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operator(
+    release: Release,
+) -> None:
+    out = (release.directory / "install.out").read_text()
+    assert "STATUS: deployed" in out
+    endpoint = f"O41_ARTIFACTS_ENDPOINT=http://{release.fullname}-placement.{release.namespace}"
+    assert endpoint in out, out  # NOTES.txt
+    wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
+
+    operator = release.get("deployment", f"{release.fullname}-operator")
+    assert operator["status"]["readyReplicas"] == 1
+    available = {c["type"]: c["status"] for c in operator["status"]["conditions"]}
+    assert available["Available"] == "True"
+    assert (
+        release.get("deployment", f"{release.fullname}-placement")["status"]["readyReplicas"] == 2
+    )
+    assert release.get("statefulset", f"{release.fullname}-etcd")["status"]["readyReplicas"] == 3
+    for crd in CRD_NAMES:
+        release.kube.kubectl("wait", "--for=condition=Established", f"crd/{crd}")
+
+    config = release.get(
+        "validatingwebhookconfiguration",
+        f"{release.fullname}.artifacts.o41.io",
+        namespaced=False,
+    )
+    service = release.get("service", f"{release.fullname}-operator")
+    secret = release.get("secret", f"{release.fullname}-webhook-tls")
+    for hook in config["webhooks"]:
+        ref = hook["clientConfig"]["service"]
+        assert (ref["name"], ref["namespace"]) == (
+            service["metadata"]["name"],
+            release.namespace,
+        )
+        assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    # the Service selects the operator's pod, which serves the webhook port
+    endpoints = json.loads(
+        release.kube.kubectl(
+            "get", "endpointslices", "-n", release.namespace,
+            "-l", f"kubernetes.io/service-name={service['metadata']['name']}", "-o", "json",
+        )
+    )  # fmt: skip
+    ports = {p["port"] for s in endpoints["items"] for p in s.get("ports") or []}
+    addresses = [a for s in endpoints["items"] for a in s.get("endpoints") or []]
+    assert ports == {9443}
+    assert len(addresses) == 1
+
+
+def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Release) -> None:
+    wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
+    ca_before = release.get("secret", f"{release.fullname}-webhook-tls")["data"]
+    release.helm(
+        "upgrade", release.name, str(CHART), "--namespace", release.namespace,
+        "--reuse-values", "--set", "placement.replicas=3",
+    )  # fmt: skip
+    wait_for(release.ready, timeout=120, what="the upgraded workloads to be ready")
+    placement = release.get("deployment", f"{release.fullname}-placement")
+    assert placement["spec"]["replicas"] == 3
+    assert placement["status"]["readyReplicas"] == 3
+    # the generated CA and certificate are looked up, not generated again
+    assert release.get("secret", f"{release.fullname}-webhook-tls")["data"] == ca_before
+    config = release.get(
+        "validatingwebhookconfiguration",
+        f"{release.fullname}.artifacts.o41.io",
+        namespaced=False,
+    )
+    assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {ca_before["ca.crt"]}
+    history = release.helm("history", release.name, "--namespace", release.namespace)
+    assert "upgrade complete" in history.stdout.lower()
+
+
+# --- RBAC: the real processes with the chart's ServiceAccount tokens ------------------------
+
+
+def token_kubeconfig(kube: Kube, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that is that ServiceAccount: its token, the cluster's server and CA."""
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
+        "current-context": "c",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def can_i(kubeconfig: Path, *args: str) -> bool:
+    done = subprocess.run(
+        [kubectl_binary(), f"--kubeconfig={kubeconfig}", "auth", "can-i", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.stdout.strip() in ("yes", "no"), done.stdout + done.stderr
+    return done.stdout.strip() == "yes"
+
+
+def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s3: S3Store) -> None:
+    kube, ns, full = release.kube, release.namespace, release.fullname
+    operator_kc = token_kubeconfig(kube, ns, f"{full}-operator", release.directory / "op.kc")
+    service_kc = token_kubeconfig(kube, ns, f"{full}-placement", release.directory / "svc.kc")
+
+    # no more than needed
+    assert can_i(operator_kc, "patch", "locations.artifacts.o41.io")
+    assert can_i(operator_kc, "get", "secrets", "-n", ns)
+    assert can_i(service_kc, "create", "tokenreviews.authentication.k8s.io")
+    assert can_i(service_kc, "patch", "locations.artifacts.o41.io", "--subresource=status")
+    for kc in (operator_kc, service_kc):
+        assert not can_i(kc, "delete", "locations.artifacts.o41.io")
+        assert not can_i(kc, "create", "organizations.artifacts.o41.io")
+        assert not can_i(kc, "get", "secrets", "-n", "default")
+        assert not can_i(kc, "get", "secrets", "-n", "kube-system")
+        assert not can_i(kc, "list", "secrets", "-n", ns)
+        assert not can_i(kc, "create", "secrets", "-n", ns)
+        assert not can_i(kc, "patch", "deployments.apps", "-n", ns)
+        assert not can_i(kc, "create", "pods", "-n", ns)
+        assert not can_i(kc, "patch", "validatingwebhookconfigurations")
+    assert not can_i(service_kc, "patch", "organizations.artifacts.o41.io", "--subresource=status")
+    assert not can_i(service_kc, "patch", "locations.artifacts.o41.io")
+    assert not can_i(operator_kc, "create", "tokenreviews.authentication.k8s.io")
+
+    # kwok's operator pod serves no webhook: take the configuration away (see module doc)
+    kube.kubectl("delete", "validatingwebhookconfiguration", f"{full}.artifacts.o41.io")
+
+    suffix = uuid.uuid4().hex[:6]
+    org, loc, secret = f"chart-{suffix}", f"chart-aws-{suffix}", f"chart-s3-{suffix}"
+    writers = f"writers-{suffix}"
+    kube.kubectl("create", "namespace", writers)
+    kube.kubectl("create", "serviceaccount", "job", "-n", writers)
+    kube.kubectl(
+        "create", "secret", "generic", secret, "-n", ns,
+        f"--from-literal=accessKeyId={s3.access_key}",
+        f"--from-literal=secretAccessKey={s3.secret_key}",
+    )  # fmt: skip
+    objects = [
+        {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": org},
+            "spec": {"namespaces": [writers]},
+        },
+        {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Location",
+            "metadata": {"name": loc},
+            "spec": {
+                "organization": org,
+                "cloud": "aws",
+                "region": "us-east-1",
+                "backend": {"s3": {"endpoint": s3.endpoint}},
+                "credentials": {"secretName": secret},
+            },
+        },
+    ]
+    kube.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    )
+
+    liveness = f"http://{LOOPBACK}:{free_port()}/healthz"
+    operator = Server(
+        "chart-operator",
+        [sys.executable, "-m", "o41.operator", "--no-webhook", "--liveness", liveness],
+        release.directory / "operator.log",
+        env={
+            **SAFE_ENV,
+            "KUBECONFIG": str(operator_kc),
+            "O41_OPERATOR_NAMESPACE": ns,
+            "O41_MAX_BACKOFF": "4",
+        },
+    ).start()
+    port = free_port()
+    service = Server(
+        "chart-placement",
+        [
+            sys.executable, "-m", "o41.webhook", "--host", LOOPBACK, "--port", str(port),
+            "--etcd", "", "--kubeconfig", str(service_kc), "--secrets-namespace", ns,
+        ],
+        release.directory / "placement.log",
+        env=SAFE_ENV,
+    )  # fmt: skip
+    try:
+        operator.wait_ready(lambda: _answers(liveness), timeout=60)
+
+        def location_ready() -> bool:
+            status = release.get("location", loc, namespaced=False).get("status") or {}
+            return any(
+                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+            )
+
+        wait_for(location_ready, timeout=90, what=f"Location {loc} Ready via the SA operator")
+        wait_for(
+            lambda: (
+                (release.get("organization", org, namespaced=False).get("status") or {}).get(
+                    "fallback"
+                )
+                == loc
+            ),
+            timeout=60,
+            what="the organization's fallback",
+        )
+        log = operator.tail(400)
+        assert "403" not in log and "Forbidden" not in log, log
+        events = kube.kubectl(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={loc}"
+        )
+        assert loc in events
+
+        # the service: lists and watches (readyz), TokenReview + Secret (a whole write)
+        service.start().wait_ready(lambda: _answers(f"http://{LOOPBACK}:{port}/readyz"), 60)
+        token = release.directory / "job.token"
+        token.write_text(kube.kubectl("create", "token", "job", "-n", writers).strip())
+        data = release.directory / "model.bin"
+        data.write_bytes(os.urandom(4096))
+        env = {
+            **os.environ,
+            **SAFE_ENV,
+            "O41_ARTIFACTS_CLOUD": "aws",
+            "O41_ARTIFACTS_REGION": "us-east-1",
+        }
+        common = ["--endpoint", f"http://{LOOPBACK}:{port}", "--token-file", str(token)]
+        o41 = [sys.executable, "-m", "o41.cli"]
+        wrote = subprocess.run(
+            [*o41, "write", "--org", org, "--artifact", "model", str(data), "--json", *common],
+            capture_output=True, text=True, check=False, timeout=120, env=env,
+        )  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr + service.tail(50)
+        version = json.loads(wrote.stdout)["version"]
+        assert json.loads(wrote.stdout)["location"] == loc
+        out = release.directory / "back.bin"
+        read = subprocess.run(
+            [*o41, "read", "--org", org, "--artifact", "model", "--version", version,
+             "--output", str(out), "--json", *common],
+            capture_output=True, text=True, check=False, timeout=120, env=env,
+        )  # fmt: skip
+        assert read.returncode == 0, read.stderr + service.tail(50)
+        assert out.read_bytes() == data.read_bytes()
+        slog = service.tail(400)
+        assert "403" not in slog and "Forbidden" not in slog, slog
+    finally:
+        service.stop()
+        operator.stop()
+        kube.kubectl("delete", "namespace", writers, "--wait=false", check=False)
+
+
+def test_uninstall_removes_the_release_and_keeps_the_crds_and_custom_resources(
+    release: Release,
+) -> None:
+    kube = release.kube
+    keep = f"kept-{uuid.uuid4().hex[:6]}"
+    # kwok's operator pod serves no webhook: without its configuration the API server
+    # takes the Organization (the release's CRDs and the objects must outlive it)
+    kube.kubectl(
+        "delete", "validatingwebhookconfiguration", f"{release.fullname}.artifacts.o41.io",
+        "--ignore-not-found",
+    )  # fmt: skip
+    organization = {
+        "apiVersion": "artifacts.o41.io/v1alpha1",
+        "kind": "Organization",
+        "metadata": {"name": keep},
+        "spec": {"namespaces": ["default"]},
+    }
+    kube.kubectl("apply", "-f", "-", input=json.dumps(organization))
+    release.helm("uninstall", release.name, "--namespace", release.namespace)
+    assert release.helm("status", release.name, "-n", release.namespace, check=False).returncode
+    for kind in ("deployments", "statefulsets", "services", "roles", "serviceaccounts"):
+        left = kube.kubectl("get", kind, "-n", release.namespace, "-o", "name")
+        assert release.fullname not in left, (kind, left)
+    for kind in ("clusterroles", "clusterrolebindings", "validatingwebhookconfigurations"):
+        assert release.fullname not in kube.kubectl("get", kind, "-o", "name")
+    for crd in CRD_NAMES:  # Helm never deletes what it installed from crds/
+        kube.kubectl("get", "crd", crd)
+    assert kube.kubectl("get", "organization", keep, "-o", "name") == (
+        f"organization.artifacts.o41.io/{keep}\n"
+    )
+    kube.kubectl("delete", "organization", keep)
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=1) as r:
+        return bool(r.status == 200)
