@@ -21,7 +21,6 @@ from o41.testbed.kube import ControlPlane, bin_dir
 from o41.testbed.process import Server
 from o41.testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
 
-
 _PARTS = ("kube", "state-etcd", "s3", "gcs", "azure", "operator", "placement")
 
 
