@@ -238,6 +238,9 @@ def test_retiring_the_fallback_is_refused_and_others_retire(cluster: Cluster) ->
     )
     assert done.returncode == 0, done.stderr
     assert cluster.columns("location", second)["RETIRED"] == "true"
+    wait_for(
+        lambda: "Retired" in {e["reason"] for e in cluster.events(second)}, 30, "a Retired Event"
+    )
     # retired: it loses its role as the region's location, its bucket stays
     cluster.ready(second)
 
@@ -437,3 +440,8 @@ def test_a_bucket_that_breaks_after_ready_shows_in_status(cluster: Cluster, s3: 
     # still not unfinished: it was Ready once and may hold versions
     assert cluster.get("location", loc)["status"]["unfinished"] is False
     org_status(cluster, org, takesWrites=False)
+    assert [e["reason"] for e in cluster.events(loc)].count("BucketMissing") == 1  # no spam
+
+    s3.client().create_bucket(Bucket=bucket)  # someone puts it back: the check sees that too
+    cluster.ready(loc)
+    assert "BucketRecovered" in {e["reason"] for e in cluster.events(loc)}

@@ -107,57 +107,48 @@ def set_up_bucket(
         ref = bucket_ref(name, uid, spec, credentials_for(spec))
         ensured = open_bucket(ref).ensure(owner=uid)
     except (SetupFailed, SecretMissing) as e:
-        reason = e.reason if isinstance(e, SetupFailed) else "SecretNotFound"
-        message = str(e)
+        reason, message = _why(e)
         patch.status["unfinished"] = ready_since is None
         patch.status["observedGeneration"] = generation
-        patch.status["conditions"] = with_condition(
-            status.get("conditions"),
-            kind="Ready",
-            status=False,
-            reason=reason,
-            message=message,
-            generation=generation,
-        )
+        _set_ready(patch, status, generation, ok=False, reason=reason, message=message)
         kopf.event(body, type="Warning", reason=reason, message=message)
         delay = _backoff(retry, retryable=isinstance(e, SetupFailed) and e.retryable)
         logger.warning("bucket setup failed (%s), retrying in %.0f s: %s", reason, delay, message)
         raise kopf.TemporaryError(message, delay=delay) from None
 
     verb = "created" if ensured.created else "adopted"
-    where = f"{spec['cloud']}/{spec['region']}"
-    message = f"bucket {ref.bucket!r} {verb} in {where}"
+    message = f"bucket {ref.bucket!r} {verb} in {spec['cloud']}/{spec['region']}"
     if not ensured.region_checked:
         message += " (this backend cannot confirm the region)"
-    was_ready = status.get("conditions") and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status["conditions"]
-    )
     patch.status["bucket"] = ref.bucket
     patch.status["endpoint"] = ensured.endpoint
     patch.status["unfinished"] = False
     patch.status["readySince"] = ready_since or now()
     patch.status["observedGeneration"] = generation
-    patch.status["conditions"] = with_condition(
-        status.get("conditions"),
-        kind="Ready",
-        status=True,
-        reason="BucketReady",
-        message=message,
-        generation=generation,
+    became_ready = _set_ready(
+        patch, status, generation, ok=True, reason="BucketReady", message=message
     )
     for warning in ensured.warnings:
         kopf.event(body, type="Warning", reason="HardeningSkipped", message=warning)
-    if not was_ready:
+    if became_ready:
+        reason = "BucketCreated" if ensured.created else "BucketAdopted"
+        kopf.event(body, type="Normal", reason=reason, message=message)
+
+
+@kopf.on.field(GROUP, VERSION, "locations", field="spec.retired")
+def retired_changed(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
+    """An Event when a location is retired or taken back into service."""
+    if bool(old) == bool(new):
+        return
+    if new:
         kopf.event(
             body,
             type="Normal",
-            reason="BucketCreated" if ensured.created else "BucketAdopted",
-            message=message,
+            reason="Retired",
+            message="no new writes go here; its versions stay readable",
         )
-    if spec.get("retired") and not status.get("retiredSince"):
-        kopf.event(
-            body, type="Normal", reason="Retired", message="no new writes; versions stay readable"
-        )
+    else:
+        kopf.event(body, type="Normal", reason="Reactivated", message="takes writes again")
 
 
 @kopf.timer(
@@ -173,32 +164,61 @@ def check_bucket(
     patch: kopf.Patch,
     **_: Any,
 ) -> None:
-    """A bucket that was Ready can break later (deleted, credentials revoked): show it."""
+    """A bucket that was Ready can break later (deleted, credentials revoked): show it,
+    and show it again when it recovers. Patches and Events only on a change."""
     if not status.get("readySince"):
         return  # still being set up: set_up_bucket owns the condition
     generation = meta.get("generation")
     try:
         open_bucket(bucket_ref(name, uid, spec, credentials_for(spec))).check()
     except (SetupFailed, SecretMissing) as e:
-        reason = e.reason if isinstance(e, SetupFailed) else "SecretNotFound"
-        patch.status["conditions"] = with_condition(
-            status.get("conditions"),
-            kind="Ready",
-            status=False,
-            reason=reason,
-            message=str(e),
-            generation=generation,
-        )
-        kopf.event(body, type="Warning", reason=reason, message=str(e))
+        reason, message = _why(e)
+        if _set_ready(patch, status, generation, ok=False, reason=reason, message=message):
+            kopf.event(body, type="Warning", reason=reason, message=message)
         return
+    if _ready_condition(status).get("status") != "True":
+        message = f"bucket {status.get('bucket')!r} is reachable again"
+        _set_ready(patch, status, generation, ok=True, reason="BucketReady", message=message)
+        kopf.event(body, type="Normal", reason="BucketRecovered", message=message)
+
+
+def _why(e: SetupFailed | SecretMissing) -> tuple[str, str]:
+    return (str(e.reason) if isinstance(e, SetupFailed) else "SecretNotFound"), str(e)
+
+
+def _ready_condition(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+
+
+def _set_ready(
+    patch: kopf.Patch,
+    status: Mapping[str, Any],
+    generation: int | None,
+    *,
+    ok: bool,
+    reason: str,
+    message: str,
+) -> bool:
+    """Set the Ready condition unless it already says exactly this; True if it changed
+    status (so callers post an Event only for a change)."""
+    current = _ready_condition(status)
+    value = "True" if ok else "False"
+    same = (current.get("status"), current.get("reason"), current.get("message")) == (
+        value,
+        reason,
+        message,
+    )
+    if same and current.get("observedGeneration") == generation:
+        return False
     patch.status["conditions"] = with_condition(
         status.get("conditions"),
         kind="Ready",
-        status=True,
-        reason="BucketReady",
-        message=f"bucket {status.get('bucket')!r} is reachable",
+        status=ok,
+        reason=reason,
+        message=message,
         generation=generation,
     )
+    return current.get("status") != value
 
 
 # --- Organization: fallback and cloud defaults --------------------------------------------
