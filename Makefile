@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: test demo dev-up dev-down deps bins azurite lint typecheck unit crds clean
+.PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
@@ -21,6 +21,12 @@ bins:
 azurite:
 	@hack/install-azurite.sh >/dev/null
 
+# Debian's Chromium for the usage page's browser test (Playwright drives it; it never
+# downloads a browser of its own).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -28,7 +34,7 @@ lint: deps
 typecheck: deps
 	$(BIN)/mypy
 
-test: deps bins azurite lint typecheck
+test: deps bins azurite chromium lint typecheck
 	$(BIN)/pytest
 
 unit: deps
@@ -45,3 +51,8 @@ dev-down:
 
 clean: dev-down
 	rm -rf .dev .pytest_cache .mypy_cache .ruff_cache test-artifacts
+
+# Regenerate the CRDs from o41/api.py, and the chart's copies (tests fail on drift).
+crds: deps
+	$(BIN)/python -m o41.crd crds/
+	cp crds/*.yaml charts/o41-artifacts/crds/

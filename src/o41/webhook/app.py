@@ -18,7 +18,7 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import open_store
-from o41.webhook import auth, errors, placement
+from o41.webhook import auth, errors, placement, usage_page
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
 from o41.webhook.keys import STORE
@@ -126,6 +126,7 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.add_routes(placement.routes)
+    usage_page.setup(app, reviewer)
     if importlib.util.find_spec("o41.webhook.collections") is not None:
         importlib.import_module("o41.webhook.collections").setup(app)
     return app

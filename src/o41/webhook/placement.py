@@ -412,8 +412,7 @@ async def read(request: web.Request) -> web.Response:
 
 @routes.get("/v1/usage")
 async def usage(request: web.Request) -> web.Response:
-    """Raw counters of one organization (the usage page draws them)."""
-    name = request.query.get("organization", "")
-    org = organization_for(request, name)
-    records = await request.app[USAGE].report(org.name)
-    return web.json_response({"organization": org.name, "records": records})
+    """Both usage answers and the raw counters of one organization (``usage_page``)."""
+    from o41.webhook import usage_page  # it imports this module
+
+    return await usage_page.usage_json(request)

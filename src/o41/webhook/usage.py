@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from o41.state import Compare, Put, Store, StoreUnavailable
+from o41.webhook import metrics
 from o41.webhook.records import usage_prefix
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class Usage:
     def add(self, organization: str, kind: str, dims: dict[str, str | None], **counts: int) -> None:
         key = (organization, kind, tuple(sorted((k, v or "") for k, v in dims.items())))
         self._counts[key].update(counts)
+        metrics.observe(organization, kind, dims, counts)
 
     async def run(self) -> None:
         while True:

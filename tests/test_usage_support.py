@@ -1,0 +1,213 @@
+"""Helpers for the usage tests: the real placement app in-process on an embedded store,
+seeded with a known counter history.
+
+The stand-ins are the token reviewer (test tokens map to namespaces) and the Kubernetes
+view (Organizations and Locations put in directly); the records are written to the store
+exactly as ``Usage`` merges them, hours in the past included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from o41.state.memory import MemoryStore
+from o41.webhook import auth, placement
+from o41.webhook.app import Settings, make_app
+from o41.webhook.keys import STORE
+from o41.webhook.records import usage_prefix
+from o41.webhook.usage import Usage, hour
+from o41.webhook.view import LocationView, OrganizationView
+
+ORG = "ml"
+EMPTY_ORG = "quiet"
+TOKENS = {
+    "token-team-a": auth.Caller("team-a", "default"),
+    "token-team-b": auth.Caller("team-b", "default"),
+}
+
+
+class FakeReviewer:
+    """Accepts the test tokens only."""
+
+    async def review(self, token: str) -> auth.Caller | None:
+        return TOKENS.get(token)
+
+
+def hours_ago(n: int) -> str:
+    return hour(time.time() - n * 3600)
+
+
+def record(kind: str, when: str, dims: dict[str, str | None], **counts: int) -> dict[str, Any]:
+    """A counter record as the store holds it (unknown dimensions are "")."""
+    return {
+        "kind": kind,
+        "hour": when,
+        "dims": {k: v or "" for k, v in dims.items()},
+        "counts": counts,
+    }
+
+
+def write(
+    when: str,
+    place: tuple[str | None, str | None, str],
+    rule: str,
+    location: tuple[str, str, str],
+    versions: int,
+    size: int,
+) -> dict[str, Any]:
+    cloud, region, source = place
+    name, loc_cloud, loc_region = location
+    return record(
+        "write",
+        when,
+        {
+            "cloud": cloud,
+            "region": region,
+            "source": source,
+            "rule": rule,
+            "location": name,
+            "locationCloud": loc_cloud,
+            "locationRegion": loc_region,
+        },
+        versions=versions,
+        bytes=size,
+    )
+
+
+def begin(
+    when: str,
+    place: tuple[str | None, str | None, str],
+    rule: str,
+    location: str,
+    begins: int,
+    warnings: int,
+) -> dict[str, Any]:
+    cloud, region, source = place
+    return record(
+        "begin",
+        when,
+        {"cloud": cloud, "region": region, "source": source, "rule": rule, "location": location},
+        begins=begins,
+        warnings=warnings,
+    )
+
+
+def read(
+    when: str,
+    reader: tuple[str | None, str | None, str],
+    locality: str,
+    location: tuple[str, str, str],
+    reads: int,
+    size: int,
+) -> dict[str, Any]:
+    cloud, region, source = reader
+    name, loc_cloud, loc_region = location
+    return record(
+        "read",
+        when,
+        {
+            "cloud": cloud,
+            "region": region,
+            "source": source,
+            "locality": locality,
+            "location": name,
+            "locationCloud": loc_cloud,
+            "locationRegion": loc_region,
+        },
+        reads=reads,
+        bytes=size,
+    )
+
+
+EAST = ("ml-aws-east", "aws", "us-east-1")
+CENTRAL = ("ml-gcp-central", "gcp", "us-central1")
+TB, GB = 10**12, 10**9
+
+
+def history() -> list[dict[str, Any]]:
+    """The seeded history of ``ORG``: this hour, 30 h, 10 days and 40 days ago.
+
+    Last 24 h (default prices): us-west-2 sends 1.2 TB to us-east-1 ($24), westeurope
+    500 GB to the aws fallback ($43.50, the most: where a location pays), an unknown place
+    2 GB to the fallback ($0.18); reads: 800 GB gcp→aws ($72), 100 GB cross-region in aws
+    ($2), 1 GB unknown→gcp ($0.12), 2 TB local.
+    """
+    now, day_ago, days_10, days_40 = hours_ago(0), hours_ago(30), hours_ago(240), hours_ago(960)
+    west, europe = ("aws", "us-west-2", "env"), ("azure", "westeurope", "metadata")
+    home = ("aws", "us-east-1", "skypilot")
+    unknown: tuple[str | None, str | None, str] = (None, None, "none")
+    return [
+        begin(now, west, "cloud", EAST[0], 40, 0),
+        write(now, west, "cloud", EAST, 40, 12 * TB // 10),
+        begin(now, europe, "fallback", EAST[0], 5, 5),
+        write(now, europe, "fallback", EAST, 5, 500 * GB),
+        begin(now, unknown, "fallback", EAST[0], 3, 3),
+        write(now, unknown, "fallback", EAST, 3, 2 * GB),
+        begin(now, home, "region", EAST[0], 100, 0),
+        write(now, home, "region", EAST, 100, 3 * TB),
+        read(now, ("gcp", "us-central1", "skypilot"), "cross-cloud", EAST, 10, 800 * GB),
+        read(now, west, "cross-region", EAST, 4, 100 * GB),
+        read(now, home, "local", EAST, 50, 2 * TB),
+        read(now, unknown, "cross-cloud", CENTRAL, 1, GB),
+        # outside 24 h, inside 7 d: us-west-2 becomes the costliest place
+        write(day_ago, west, "cloud", EAST, 10, 3 * TB),
+        # inside 30 d only
+        write(days_10, home, "region", EAST, 7, 7 * GB),
+        # outside every window
+        write(days_40, europe, "fallback", EAST, 1, 9 * TB),
+    ]
+
+
+def location(name: str, cloud: str, region: str, created: str) -> LocationView:
+    return LocationView(
+        name=name,
+        uid=name,
+        organization=ORG,
+        cloud=cloud,
+        region=region,
+        spec={},
+        ready=True,
+        retired=False,
+        unfinished=False,
+        created=created,
+    )
+
+
+def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
+    """The placement app with an embedded store holding ``records`` for ``ORG``."""
+    app = make_app(Settings(usage_interval=3600), FakeReviewer())
+    view = app[placement.VIEW]
+    view.organizations[ORG] = OrganizationView(
+        ORG, frozenset({"team-a"}), EAST[0], {"aws": EAST[0], "gcp": CENTRAL[0]}, True
+    )
+    view.organizations[EMPTY_ORG] = OrganizationView(
+        EMPTY_ORG, frozenset({"team-a"}), None, {}, False
+    )
+    view.locations[EAST[0]] = location(*EAST, "2026-01-01T00:00:00Z")
+    view.locations[CENTRAL[0]] = location(*CENTRAL, "2026-01-02T00:00:00Z")
+    view.synced.set()
+    seed = history() if records is None else records
+
+    async def store(app: web.Application) -> AsyncIterator[None]:
+        app[STORE] = MemoryStore()
+        app[placement.USAGE] = Usage(app[STORE], interval=3600)
+        for i, r in enumerate(seed):
+            digest = hashlib.sha256(f"{i}".encode()).hexdigest()[:24]
+            key = usage_prefix(ORG) + f"{r['hour']}/{digest}".encode()
+            await app[STORE].put(key, json.dumps(r).encode())
+        yield
+        await app[STORE].close()
+
+    app.cleanup_ctx.clear()
+    app.cleanup_ctx.append(store)
+    return app
+
+
+def bearer(token: str = "token-team-a") -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
