@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import filecmp
+import json
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -407,3 +408,37 @@ def test_service_monitor_and_network_policies_when_enabled() -> None:
     ]
     monitor = find(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) -> None:
+    override = {"asOf": "2026-12-01", "clouds": {"aws": {"internet": 0.05}}}
+    done = run_helm(
+        "template",
+        "o41",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--set-json",
+        f"placement.prices={json.dumps(override)}",
+    )
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    deployment = find(docs, "Deployment", "-placement")
+    env = {e["name"]: e.get("value") for e in container(deployment)["env"]}
+    assert env["O41_PRICES_FILE"] == "/etc/o41/prices.json"
+    config = find(docs, "ConfigMap", "-prices")
+    # the file the chart writes is one the service accepts, with the override applied
+    from o41.webhook.prices import load_prices
+
+    path = tmp_path / "prices.json"
+    path.write_text(config["data"]["prices.json"])
+    prices = load_prices(str(path))
+    assert prices.as_of == "2026-12-01"
+    assert prices.of("aws").internet == 0.05
+    # no override: no ConfigMap, no variable, the built-in table
+    plain = render()
+    assert not [
+        d for d in plain if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-prices")
+    ]
+    names = {e["name"] for e in container(find(plain, "Deployment", "-placement"))["env"]}
+    assert "O41_PRICES_FILE" not in names
