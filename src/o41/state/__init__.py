@@ -106,3 +106,33 @@ class Store(Protocol):
     def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
 
     async def close(self) -> None: ...
+
+
+class LeaseNotFound(Exception):
+    """A put named a lease that does not exist (it expired or was revoked)."""
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with ``prefix`` (etcd's range_end)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key
+
+
+def open_store(endpoints: list[str] | None, timeout: float = 5.0) -> Store:
+    """etcd at ``endpoints`` (client URLs), or the embedded single-replica store when none.
+
+    Every call of the etcd store is bounded by ``timeout`` seconds; past it, or when etcd
+    has no majority, calls raise :class:`StoreUnavailable`.
+    """
+    if endpoints:
+        from o41.state.etcd import EtcdStore
+
+        return EtcdStore(endpoints, timeout=timeout)
+    from o41.state.memory import MemoryStore
+
+    return MemoryStore()

@@ -1,0 +1,409 @@
+"""The state store on etcd, through aetcd's gRPC stubs (asyncio).
+
+One gRPC channel per etcd member. Writes and linearizable reads go to the leader when it is
+known (a follower would forward them: one more hop); serializable reads ("eventual") go to
+the first endpoint listed (list the nearest member first), which answers alone, without a
+quorum (so they still answer when etcd has lost its majority). When a member stops
+answering, the call moves on to the next member; every call is bounded by ``timeout``
+seconds and fails with :class:`StoreUnavailable` past it (etcd without a majority never
+hangs a caller).
+
+A write is retried on another member only when etcd certainly did not take it (no
+connection, or "no leader"); any other failure of a write is reported as
+:class:`StoreUnavailable`, and the write may or may not have been applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import grpc.aio  # type: ignore[import-untyped]
+from aetcd import rpc
+
+from o41.state import (
+    Compare,
+    Consistency,
+    Delete,
+    Get,
+    KeyValue,
+    LeaseNotFound,
+    Op,
+    Put,
+    StoreUnavailable,
+    TxnResult,
+    WatchEvent,
+    prefix_end,
+)
+
+log = logging.getLogger(__name__)
+
+_TARGETS = {
+    "value": rpc.Compare.VALUE,
+    "version": rpc.Compare.VERSION,
+    "create": rpc.Compare.CREATE,
+    "mod": rpc.Compare.MOD,
+}
+_RESULTS = {
+    "==": rpc.Compare.EQUAL,
+    "!=": rpc.Compare.NOT_EQUAL,
+    "<": rpc.Compare.LESS,
+    ">": rpc.Compare.GREATER,
+}
+# failures after which etcd certainly did not apply a write: safe to retry elsewhere
+_NOT_SENT = ("failed to connect", "connection refused", "no leader", "connect failed")
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+LEADER_CHECK = 10.0  # seconds between looks for the leader while all is well
+
+
+def _target(endpoint: str) -> str:
+    """``http://127.0.0.1:2379`` (or ``127.0.0.1:2379``) -> ``127.0.0.1:2379``."""
+    parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an etcd client URL (http://host:port): {endpoint!r}")
+    return f"{parts.hostname}:{parts.port or 2379}"
+
+
+def _kv(kv: Any) -> KeyValue:
+    return KeyValue(
+        key=kv.key,
+        value=kv.value,
+        create_revision=kv.create_revision,
+        mod_revision=kv.mod_revision,
+        version=kv.version,
+        lease=kv.lease,
+    )
+
+
+def _compare(c: Compare) -> Any:
+    message = rpc.Compare(key=c.key, target=_TARGETS[c.target], result=_RESULTS[c.op])
+    if c.target == "value":
+        if not isinstance(c.value, bytes):
+            raise TypeError(f"a value compare takes bytes, not {type(c.value).__name__}")
+        message.value = c.value
+    else:
+        if not isinstance(c.value, int):
+            raise TypeError(f"a {c.target} compare takes an int, not {type(c.value).__name__}")
+        setattr(
+            message,
+            {"version": "version", "create": "create_revision"}.get(c.target, "mod_revision"),
+            c.value,
+        )
+    return message
+
+
+def _request_op(op: Op) -> Any:
+    if isinstance(op, Put):
+        return rpc.RequestOp(request_put=rpc.PutRequest(key=op.key, value=op.value, lease=op.lease))
+    if isinstance(op, Delete):
+        end = prefix_end(op.key) if op.prefix else b""
+        return rpc.RequestOp(
+            request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end, prev_kv=True)
+        )
+    end = prefix_end(op.key) if op.prefix else b""
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end))
+
+
+class EtcdStore:
+    """The :class:`o41.state.Store` on an etcd cluster; see the module docstring."""
+
+    def __init__(self, endpoints: list[str], timeout: float = 5.0) -> None:
+        if not endpoints:
+            raise ValueError("EtcdStore needs at least one endpoint")
+        self._targets = [_target(e) for e in endpoints]
+        self._timeout = timeout
+        self._channels: list[grpc.aio.Channel | None] = [None] * len(self._targets)
+        self._stubs: dict[tuple[int, str], Any] = {}
+        self._current = 0  # the member calls go to: the leader when known
+        self._nearest = 0  # serializable reads: the first endpoint listed (list it nearest)
+        self._checked = 0.0  # when the leader was last looked for
+        self._checking: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # plumbing
+
+    def _channel(self, index: int) -> grpc.aio.Channel:
+        channel = self._channels[index]
+        if channel is None:
+            channel = grpc.aio.insecure_channel(self._targets[index], options=_CHANNEL_OPTIONS)
+            self._channels[index] = channel
+        return channel
+
+    def _stub(self, index: int, service: str) -> Any:
+        """A stub per member and service (making one builds every method: not per call)."""
+        stub = self._stubs.get((index, service))
+        if stub is None:
+            stub = getattr(rpc, f"{service}Stub")(self._channel(index))
+            self._stubs[(index, service)] = stub
+        return stub
+
+    async def _call(
+        self,
+        service: str,
+        method: str,
+        request: Any,
+        *,
+        write: bool,
+        what: str,
+        nearest: bool = False,
+    ) -> Any:
+        """One unary call, moved on to the next member while the failure allows it.
+        ``nearest``: a serializable read, which any member answers alone."""
+        if self._closed:
+            raise StoreUnavailable("the etcd store is closed")
+        self._maybe_check_leader()
+        deadline = time.monotonic() + self._timeout
+        index = self._nearest if nearest else self._current
+        tried = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreUnavailable(
+                    f"etcd did not answer {what} within {self._timeout:g} s "
+                    f"(members {', '.join(self._targets)})"
+                )
+            try:
+                return await getattr(self._stub(index, service), method)(request, timeout=remaining)
+            except grpc.aio.AioRpcError as e:
+                code, details = e.code(), e.details() or ""
+                if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
+                    raise LeaseNotFound(details) from None
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise ValueError(f"etcd refused {what}: {details}") from None
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise StoreUnavailable(
+                        f"etcd did not answer {what} within {self._timeout:g} s ({details}); "
+                        "has it lost its majority?"
+                    ) from None
+                retry = code == grpc.StatusCode.UNAVAILABLE and (
+                    not write or any(s in details.lower() for s in _NOT_SENT)
+                )
+                if not retry:
+                    raise StoreUnavailable(
+                        f"etcd failed {what}: {code.name} {details}"
+                        + ("; the write may or may not have been applied" if write else "")
+                    ) from None
+                tried += 1
+                index = (index + 1) % len(self._targets)
+                if nearest:
+                    self._nearest = index
+                else:
+                    self._current = index
+                    self._checked = 0.0  # look for the leader again
+                if tried % len(self._targets) == 0:  # every member refused: breathe
+                    await asyncio.sleep(min(0.05 * tried, 0.5, max(0.0, remaining)))
+            except grpc.aio.UsageError as e:
+                raise StoreUnavailable(f"etcd store: {e}") from None
+
+    def _maybe_check_leader(self) -> None:
+        if len(self._targets) == 1 or time.monotonic() - self._checked < LEADER_CHECK:
+            return
+        if self._checking is None or self._checking.done():
+            self._checked = time.monotonic()
+            self._checking = asyncio.get_running_loop().create_task(self._find_leader())
+
+    async def _find_leader(self) -> None:
+        """Point calls at the leader (each member says who it is and who leads)."""
+
+        async def status(index: int) -> tuple[int, int, int]:
+            stub = self._stub(index, "Maintenance")
+            answer = await stub.Status(rpc.StatusRequest(), timeout=min(1.0, self._timeout))
+            return index, answer.header.member_id, answer.leader
+
+        answers = await asyncio.gather(
+            *(status(i) for i in range(len(self._targets))), return_exceptions=True
+        )
+        members = {a[1]: a[0] for a in answers if isinstance(a, tuple)}
+        leaders = [a[2] for a in answers if isinstance(a, tuple) and a[2]]
+        if leaders and leaders[0] in members:
+            self._current = members[leaders[0]]
+        elif members and self._current not in members.values():
+            self._current = next(iter(members.values()))
+
+    async def leader_known(self) -> None:
+        """Look for the leader now (the first calls then go straight to it)."""
+        self._checked = time.monotonic()
+        with contextlib.suppress(Exception):
+            await self._find_leader()
+
+    # reads
+
+    async def get(self, key: bytes, *, consistency: Consistency = "strong") -> KeyValue | None:
+        eventual = consistency == "eventual"
+        request = rpc.RangeRequest(key=key, serializable=eventual)
+        answer = await self._call(
+            "KV", "Range", request, write=False, what=f"get {key!r}", nearest=eventual
+        )
+        return _kv(answer.kvs[0]) if answer.kvs else None
+
+    async def range(
+        self, prefix: bytes, *, limit: int = 0, consistency: Consistency = "strong"
+    ) -> list[KeyValue]:
+        request = rpc.RangeRequest(
+            key=prefix,
+            range_end=prefix_end(prefix),
+            limit=limit,
+            serializable=consistency == "eventual",
+        )
+        answer = await self._call(
+            "KV",
+            "Range",
+            request,
+            write=False,
+            what=f"range {prefix!r}",
+            nearest=consistency == "eventual",
+        )
+        return [_kv(kv) for kv in answer.kvs]
+
+    # writes
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
+        request = rpc.PutRequest(key=key, value=value, lease=lease)
+        answer = await self._call("KV", "Put", request, write=True, what=f"put {key!r}")
+        return int(answer.header.revision)
+
+    async def delete(self, key: bytes, *, prefix: bool = False) -> int:
+        request = rpc.DeleteRangeRequest(key=key, range_end=prefix_end(key) if prefix else b"")
+        answer = await self._call("KV", "DeleteRange", request, write=True, what=f"delete {key!r}")
+        return int(answer.deleted)
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        request = rpc.TxnRequest(
+            compare=[_compare(c) for c in compare],
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure],
+        )
+        write = any(not isinstance(op, Get) for op in (*success, *failure))
+        answer = await self._call("KV", "Txn", request, write=write, what="a transaction")
+        results: list[tuple[KeyValue, ...]] = []
+        for response in answer.responses:
+            which = response.WhichOneof("response")
+            if which == "response_range":
+                results.append(tuple(_kv(kv) for kv in response.response_range.kvs))
+            elif which == "response_delete_range":
+                results.append(tuple(_kv(kv) for kv in response.response_delete_range.prev_kvs))
+            else:
+                results.append(())
+        return TxnResult(bool(answer.succeeded), int(answer.header.revision), tuple(results))
+
+    # leases
+
+    async def lease_grant(self, ttl: int) -> int:
+        request = rpc.LeaseGrantRequest(TTL=ttl, ID=0)
+        answer = await self._call("Lease", "LeaseGrant", request, write=True, what="lease grant")
+        if answer.error:
+            raise StoreUnavailable(f"etcd refused a lease: {answer.error}")
+        return int(answer.ID)
+
+    async def lease_keepalive(self, lease: int) -> int:
+        """Refresh ``lease``; its TTL in seconds, 0 when it has already expired."""
+        if self._closed:
+            raise StoreUnavailable("the etcd store is closed")
+        deadline = time.monotonic() + self._timeout
+        index = self._current
+        for tried in range(1, 1000):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            call = self._stub(index, "Lease").LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=remaining
+            )
+            try:
+                answer = await call.read()
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise StoreUnavailable(
+                        f"etcd failed a lease keep-alive: {e.code().name} {e.details()}"
+                    ) from None
+                index = (index + 1) % len(self._targets)
+                if tried % len(self._targets) == 0:
+                    await asyncio.sleep(min(0.05 * tried, 0.5, max(0.0, remaining)))
+            else:
+                return 0 if answer is grpc.aio.EOF else int(answer.TTL)
+            finally:
+                call.cancel()
+        raise StoreUnavailable(f"etcd did not refresh lease {lease:x} within {self._timeout:g} s")
+
+    async def lease_revoke(self, lease: int) -> None:
+        request = rpc.LeaseRevokeRequest(ID=lease)
+        with contextlib.suppress(LeaseNotFound):
+            await self._call("Lease", "LeaseRevoke", request, write=True, what="lease revoke")
+
+    # watch
+
+    async def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix`` from ``start_revision`` (0: from now), in revision order.
+
+        A broken stream resumes on another member after the last revision seen; past
+        ``timeout`` without any member answering, :class:`StoreUnavailable`.
+        """
+        next_revision = start_revision
+        index = self._current
+        failing_since: float | None = None
+        while True:
+            if self._closed:
+                return
+            call = self._stub(index, "Watch").Watch()
+            try:
+                create = rpc.WatchCreateRequest(
+                    key=prefix, range_end=prefix_end(prefix), start_revision=next_revision
+                )
+                await call.write(rpc.WatchRequest(create_request=create))
+                while True:
+                    answer = await call.read()
+                    if answer is grpc.aio.EOF:
+                        raise StoreUnavailable("etcd closed the watch stream")
+                    failing_since = None
+                    if answer.compact_revision:
+                        raise StoreUnavailable(
+                            f"cannot watch {prefix!r} from revision {next_revision}: "
+                            f"compacted up to {answer.compact_revision}"
+                        )
+                    if answer.canceled:
+                        raise StoreUnavailable(f"etcd cancelled a watch: {answer.cancel_reason}")
+                    if answer.created and not next_revision:
+                        next_revision = answer.header.revision + 1
+                    for event in answer.events:
+                        next_revision = event.kv.mod_revision + 1
+                        if event.type == rpc.Event.DELETE:
+                            yield WatchEvent("delete", _kv(event.kv))
+                        else:
+                            yield WatchEvent("put", _kv(event.kv))
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED and self._closed:
+                    return
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > self._timeout:
+                    raise StoreUnavailable(
+                        f"no etcd member kept a watch on {prefix!r} for {self._timeout:g} s: "
+                        f"{e.code().name} {e.details()}"
+                    ) from None
+                index = (index + 1) % len(self._targets)
+                await asyncio.sleep(0.05)
+            finally:
+                call.cancel()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._checking is not None:
+            self._checking.cancel()
+        for i, channel in enumerate(self._channels):
+            if channel is not None:
+                await channel.close()
+            self._channels[i] = None
+        self._stubs.clear()
