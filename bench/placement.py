@@ -97,6 +97,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument(
+        "--store",
+        choices=["etcd", "embedded"],
+        default="etcd",
+        help="embedded: the single-replica store, to see what etcd costs a begin",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="o41-bench-placement-"))
     bins = bin_dir()
@@ -167,7 +173,8 @@ def main() -> int:
             "organization/bench",
             "--timeout=60s",
         )
-        service = PlacementProcess(kc, etcd.endpoints, work / "placement").start()
+        endpoints = etcd.endpoints if args.store == "etcd" else []
+        service = PlacementProcess(kc, endpoints, work / "placement").start()
         assert service.server is not None
         started.append(service.server)
         kubectl(kc, "create", "namespace", "bench")
@@ -226,7 +233,7 @@ def main() -> int:
 
         print(f"{os.cpu_count()} cores; {args.clients} concurrent clients for {args.seconds:.0f} s")
         print(row("ceiling: bare aiohttp JSON handler", *ceiling))
-        print(row("begin (placement service, etcd)", *begin))
+        print(row(f"begin (placement service, {args.store})", *begin))
         print(f"begin reaches {begin[0] / ceiling[0]:.0%} of the ceiling's requests per second")
         print(
             f"upload {args.mib} MiB: client {ours:.0f} MiB/s, boto3 {theirs:.0f} MiB/s "
