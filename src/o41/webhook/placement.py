@@ -166,10 +166,8 @@ async def begin(request: web.Request) -> web.Response:
     version = new_version()
     key = f"{body.artifact}/{version}"
     bucket = await bucket_for(request, location)
-    multipart = body.size is not None and body.size > PART_SIZE
     try:
-        if multipart:
-            assert body.size is not None
+        if body.size is not None and body.size > PART_SIZE:
             part_size = max(PART_SIZE, -(-body.size // MAX_PARTS))
             parts = -(-body.size // part_size)
             started = await asyncio.to_thread(
