@@ -18,10 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+# gRPC's fork handlers can crash a child forked while gRPC calls are in flight (a subprocess
+# started with a preexec_fn: SIGSEGV before exec); this store never uses gRPC across a fork
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]

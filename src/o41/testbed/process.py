@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -79,14 +80,13 @@ class Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                list(self.argv),
+                [*_die_with_parent(), *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})},
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group: we stop its children too
-                preexec_fn=None if _detached else _die_with_parent,
             )
         return self
 
@@ -140,12 +140,15 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL me when the test run that started me dies, even by SIGKILL."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+def _die_with_parent() -> list[str]:
+    """A prefix that makes the server die (SIGKILL) when the process that started it dies,
+    even by SIGKILL, so a killed test run leaves no strays. util-linux's setpriv sets it
+    and execs the server; no preexec_fn, whose real fork() crashes a child of a process
+    that uses gRPC."""
+    if _detached:
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def cache_dir() -> Path:

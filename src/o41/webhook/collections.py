@@ -134,7 +134,9 @@ def _encode(result: dict[str, Any]) -> dict[str, Any]:
 # serve the collections alone (tests, benchmarks)
 
 
-def make_app(store_endpoints: list[str], namespace: str, options: Options) -> web.Application:
+def make_app(
+    store_endpoints: list[str], namespace: str, options: Options, store_timeout: float = 5.0
+) -> web.Application:
     app = web.Application(
         middlewares=[
             errors.json_errors,
@@ -143,7 +145,7 @@ def make_app(store_endpoints: list[str], namespace: str, options: Options) -> we
     )
 
     async def state(app: web.Application) -> AsyncIterator[None]:
-        app[STORE] = open_store(store_endpoints or None, timeout=5.0)
+        app[STORE] = open_store(store_endpoints or None, timeout=store_timeout)
         yield
         await app[STORE].close()
 
@@ -161,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush-interval", type=float, default=Options.flush_interval)
     parser.add_argument("--max-batch", type=int, default=Options.max_batch)
     parser.add_argument("--max-buffer", type=int, default=Options.max_buffer)
+    parser.add_argument("--store-timeout", type=float, default=5.0, help="seconds per etcd call")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     options = Options(args.flush_interval, args.max_batch, args.max_buffer)
-    app = make_app([e for e in args.etcd.split(",") if e], args.namespace, options)
+    app = make_app(
+        [e for e in args.etcd.split(",") if e], args.namespace, options, args.store_timeout
+    )
 
     async def announce(app: web.Application) -> None:
         print(f"listening on http://{args.host}:{args.port}", flush=True)

@@ -1,0 +1,13 @@
+"""Distributed collections: dict, set, counter, queue, registry, barrier and lock.
+
+Layers, each usable alone:
+
+- :mod:`o41.collections.keys` and :mod:`o41.collections.values`: how keys and values
+  become bytes (the client does this; the service only ever sees opaque bytes);
+- :mod:`o41.collections.engine`: the semantics over a :class:`o41.state.Store`, as the
+  placement service runs them (async, no HTTP);
+- :mod:`o41.collections.client`: the synchronous objects ``o41.sky`` hands out, over HTTP
+  or over an engine embedded in the process.
+
+This package imports nothing heavy: pods import it through ``o41.sky``.
+"""

@@ -1,0 +1,226 @@
+"""The collections' engine on the embedded store, without HTTP: batching under contention,
+the eventual buffer (flush by size and interval, copies kept by the watch, the loss of
+doubtful writes), and the retry-safety of barrier and lock requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from o41.collections.engine import Busy, Engine, collection_prefix
+from o41.collections.keys import encode_key
+from o41.state import Compare, Op, StoreUnavailable, TxnResult
+from o41.state.memory import MemoryStore
+
+
+class Counting(MemoryStore):
+    """The embedded store, counting transactions, and failing reads on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.txns = 0
+        self.fail_reads = False
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        self.txns += 1
+        await asyncio.sleep(0)  # a round trip: others' requests arrive meanwhile
+        return await super().txn(compare, success, failure)
+
+    async def get(self, key: bytes, *, consistency: Any = "strong") -> Any:
+        if self.fail_reads:
+            raise StoreUnavailable("etcd has no majority (simulated)")
+        return await super().get(key, consistency=consistency)
+
+
+async def until(
+    check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10
+) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        result = check()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # the poll interval of a wait on a condition
+
+
+def call(engine: Engine, kind: str, name: str, op: str, **args: Any) -> Awaitable[dict[str, Any]]:
+    return engine.call("ns", "job", kind, name, op, args)
+
+
+async def test_concurrent_adds_are_merged_into_few_transactions() -> None:
+    store = Counting()
+    engine = Engine(store)
+    results = await asyncio.gather(*(call(engine, "counter", "c", "add", n=1) for _ in range(100)))
+    assert sorted(r["value"] for r in results) == list(range(1, 101))
+    assert store.txns <= 10  # one per batch, not one (or more) per add
+    assert (await call(engine, "counter", "c", "get"))["value"] == 100
+    await engine.close()
+
+
+async def test_concurrent_offers_and_polls_are_batched_exactly_once() -> None:
+    store = Counting()
+    engine = Engine(store)
+    await asyncio.gather(*(call(engine, "queue", "q", "offer", value=b"%d" % i) for i in range(50)))
+    offers = store.txns
+    assert offers <= 5
+    polled = await asyncio.gather(*(call(engine, "queue", "q", "poll") for _ in range(60)))
+    values = [p["value"] for p in polled if p["found"]]
+    assert sorted(values) == sorted(b"%d" % i for i in range(50))
+    assert sum(not p["found"] for p in polled) == 10
+    await engine.close()
+
+
+async def test_eventual_writes_are_buffered_then_written_in_batches() -> None:
+    store = Counting()
+    engine = Engine(store, flush_interval=3600, max_batch=10)
+    prefix = collection_prefix("ns", "job", "dict", "d") + b"e/"
+    for i in range(9):
+        await call(
+            engine, "dict", "d", "set", key=encode_key(i), value=b"v", consistency="eventual"
+        )
+    assert await store.range(prefix) == []  # acknowledged, not written
+    got = await call(engine, "dict", "d", "get", key=encode_key(3), consistency="eventual")
+    assert got["value"] == b"v"  # the replica serves its own writes
+    await call(engine, "dict", "d", "set", key=encode_key(9), value=b"v", consistency="eventual")
+    await until(lambda: engine.buffered == 0, "the batch of 10 to go out")
+    assert len(await store.range(prefix)) == 10
+    replica = engine._replicas[prefix]
+    await until(lambda: not replica.overlay, "the copy to catch up with the writes")
+    await engine.close()
+
+
+async def test_eventual_clear_then_writes_keep_their_order() -> None:
+    store = MemoryStore()
+    engine = Engine(store, flush_interval=3600)
+    prefix = collection_prefix("ns", "job", "dict", "d") + b"e/"
+    await store.put(prefix + b"sold", b"old")
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("clear", {}),
+        ("set", {"key": "snew", "value": b"1"}),
+        ("delete", {"key": "snew"}),
+        ("set", {"key": "snew", "value": b"2"}),
+    ]
+    for op, args in steps:
+        await call(engine, "dict", "d", op, consistency="eventual", **args)
+    items = await call(engine, "dict", "d", "items", consistency="eventual")
+    assert items["items"] == [("snew", b"2")]
+    await engine.flush()
+    assert [(kv.key, kv.value) for kv in await store.range(prefix)] == [(prefix + b"snew", b"2")]
+    await engine.close()
+
+
+async def test_eventual_counter_merges_adds_and_resets() -> None:
+    store = Counting()
+    engine = Engine(store, flush_interval=3600)
+    key = collection_prefix("ns", "job", "counter", "c") + b"value"
+    for n in (5, 1):
+        await call(engine, "counter", "c", "add", n=n, consistency="eventual")
+    await call(engine, "counter", "c", "reset", consistency="eventual")
+    got = await call(engine, "counter", "c", "add", n=2, consistency="eventual")
+    assert got["value"] == 2
+    await engine.flush()
+    kv = await store.get(key)
+    assert kv is not None and kv.value == b"2"
+    for _ in range(3):
+        await call(engine, "counter", "c", "add", n=1, consistency="eventual")
+    await engine.flush()
+    kv = await store.get(key)
+    assert kv is not None and kv.value == b"5"
+    await engine.close()
+
+
+async def test_eventual_counter_waits_for_etcd_without_losing_adds() -> None:
+    store = Counting()
+    engine = Engine(store, flush_interval=3600)
+    await call(engine, "counter", "c", "add", n=3, consistency="eventual")
+    store.fail_reads = True  # no majority: the read before the write fails cleanly
+    with pytest.raises(StoreUnavailable):
+        await engine.flush()
+    assert engine.buffered == 1 and engine.stats.dropped == 0
+    store.fail_reads = False
+    await engine.flush()
+    assert (await call(engine, "counter", "c", "get"))["value"] == 3
+    await engine.close()
+
+
+async def test_too_many_buffered_writes_are_refused() -> None:
+    engine = Engine(MemoryStore(), flush_interval=3600, max_batch=1000, max_buffer=3)
+    for i in range(3):
+        await call(
+            engine, "dict", "d", "set", key=encode_key(i), value=b"v", consistency="eventual"
+        )
+    with pytest.raises(Busy, match="eventual writes are waiting"):
+        await call(
+            engine, "dict", "d", "set", key=encode_key(9), value=b"v", consistency="eventual"
+        )
+    await engine.flush()
+    await call(engine, "dict", "d", "set", key=encode_key(9), value=b"v", consistency="eventual")
+    await engine.close()
+
+
+async def test_close_writes_out_the_buffer() -> None:
+    store = MemoryStore()
+    engine = Engine(store, flush_interval=3600)
+    await call(
+        engine, "registry", "r", "register", key=encode_key("m"), value=b"x", consistency="eventual"
+    )
+    await call(engine, "queue", "q", "offer", value=b"item", consistency="eventual")
+    await engine.close()
+    again = Engine(store)
+    assert (await call(again, "registry", "r", "lookup", key=encode_key("m")))["value"] == b"x"
+    assert (await call(again, "queue", "q", "poll"))["value"] == b"item"
+    await again.close()
+
+
+async def test_retried_barrier_and_lock_requests_count_once() -> None:
+    engine = Engine(MemoryStore())
+    # one participant asking twice (a retried request) is still one arrival of two
+    twice = await asyncio.gather(
+        *(
+            call(engine, "barrier", "b", "wait", parties=2, participant="p1", timeout=0.2)
+            for _ in range(2)
+        )
+    )
+    assert all(t.get("timed_out") for t in twice)
+    first = await call(engine, "lock", "l", "acquire", owner="o1", ttl=5, timeout=0)
+    retried = await call(engine, "lock", "l", "acquire", owner="o1", ttl=5, timeout=0)
+    assert first["acquired"] and retried["acquired"] and retried["token"] == first["token"]
+    other = await call(engine, "lock", "l", "acquire", owner="o2", ttl=5, timeout=0)
+    assert other == {"acquired": False}
+    alive = await call(engine, "lock", "l", "keepalive", lease=first["lease"])
+    assert alive["alive"]
+    await call(engine, "lock", "l", "release", lease=first["lease"])
+    after = await call(engine, "lock", "l", "acquire", owner="o2", ttl=5, timeout=0)
+    assert after["acquired"] and after["token"] > first["token"]
+    await engine.close()
+
+
+async def test_a_wait_longer_than_max_wait_is_not_final() -> None:
+    engine = Engine(MemoryStore(), max_wait=0.1)
+    answer = await call(engine, "barrier", "b", "wait", parties=2, participant="p", timeout=5)
+    assert answer["released"] is False and "timed_out" not in answer  # come back for more
+    other = await call(engine, "barrier", "b", "wait", parties=2, participant="q", timeout=0.1)
+    assert other == {"released": True, "index": 1}
+    mine = await call(
+        engine,
+        "barrier",
+        "b",
+        "wait",
+        parties=2,
+        participant="p",
+        timeout=0.1,
+        lease=answer["lease"],
+        generation=answer["generation"],
+    )
+    assert mine == {"released": True, "index": 0}
+    await engine.close()

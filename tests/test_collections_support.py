@@ -1,0 +1,144 @@
+"""Helpers for the collections' tests: the real service (an aiohttp app on 127.0.0.1) in a
+thread of the test process or in a process of its own, and clients of it.
+
+The only stand-in is the token reviewer (an injected interface; the real TokenReview is
+tested with the placement service): test tokens map to callers of chosen namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from o41.collections.client import Client, HttpTransport
+from o41.collections.engine import Engine
+from o41.state import Store
+from o41.testbed.process import LOOPBACK, Server, free_port, port_open
+from o41.webhook import auth, errors
+from o41.webhook import collections as routes
+from o41.webhook.keys import STORE
+
+T = TypeVar("T")
+
+
+class Tokens:
+    """Test tokens -> callers (the reviewer is injected; this is its stand-in)."""
+
+    def __init__(self, namespaces: dict[str, str]) -> None:
+        self._callers = {t: auth.Caller(ns, "test") for t, ns in namespaces.items()}
+
+    async def review(self, token: str) -> auth.Caller | None:
+        return self._callers.get(token)
+
+
+TOKENS = {"token-a": "team-a", "token-b": "team-b"}
+
+
+class ServiceThread:
+    """The collections' routes in an aiohttp app served on 127.0.0.1, on an event loop of
+    its own thread (the clients under test are synchronous)."""
+
+    def __init__(
+        self,
+        make_store: Callable[[], Store],
+        options: routes.Options | None = None,
+        tokens: dict[str, str] | None = None,
+    ) -> None:
+        self._make_store = make_store
+        self._options = options or routes.Options()
+        self._tokens = Tokens(tokens or TOKENS)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.app: web.Application | None = None
+        self.url = ""
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        self.run(self._start())
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application(middlewares=[errors.json_errors, auth.middleware(self._tokens)])
+        app[STORE] = self._make_store()
+        routes.setup(app, self._options)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, LOOPBACK, port).start()
+        self.app, self.url = app, f"http://{LOOPBACK}:{port}"
+
+    @property
+    def engine(self) -> Engine:
+        assert self.app is not None
+        engine = self.app[routes.COLLECTIONS].engine
+        assert engine is not None
+        return engine
+
+    @property
+    def store(self) -> Store:
+        assert self.app is not None
+        return self.app[STORE]
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def client(self, token: str = "token-a", compute: str = "job-1") -> Client:
+        return Client(HttpTransport(self.url, token=token), compute)
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            store = self.store
+            self.run(self._runner.cleanup())
+            self.run(store.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+class ServiceProcess:
+    """``python -m o41.webhook.collections`` as a process of its own, to be killed."""
+
+    def __init__(self, etcd: list[str], log: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self.server = Server(
+            name="collections service",
+            argv=[
+                sys.executable,
+                "-m",
+                "o41.webhook.collections",
+                "--port",
+                str(self.port),
+                "--etcd",
+                ",".join(etcd),
+                *extra,
+            ],
+            log=log,
+        )
+
+    def start(self) -> ServiceProcess:
+        self.server.start().wait_ready(lambda: port_open(self.port), timeout=60)
+        return self
+
+    def client(self, compute: str = "job-1") -> Client:
+        return Client(HttpTransport(self.url, token="unused"), compute)
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float = 30) -> T:
+    """Poll ``check`` until it returns something true; its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)  # the poll interval of a wait on a condition, with a deadline
