@@ -557,3 +557,47 @@ def test_a_location_shows_how_many_versions_it_holds(world: World, s3: S3Store) 
         return cell if cell == "3" else None
 
     assert wait_for(shown, 30, "the VERSIONS column to show 3") == "3"
+
+
+def test_pods_share_collections_through_the_service_scoped_to_their_namespace(
+    world: World,
+) -> None:
+    """`from o41 import sky` in pods of one job, against the real service with real
+    ServiceAccount tokens: they share a counter; another namespace sees nothing of it."""
+    code = (
+        "import json, sys\n"
+        "from o41 import sky\n"
+        "c = sky.counter('steps')\n"
+        "for _ in range(int(sys.argv[1])): c.add(1)\n"
+        "r = sky.registry('checkpoints')\n"
+        "r.register(sys.argv[2], {'step': 7})\n"
+        "print(json.dumps({'count': c.get(), 'names': sorted(r.list())}))\n"
+    )
+
+    def pod(token: Path, adds: int, name: str) -> dict[str, Any]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("O41_")}
+        env.update(
+            {
+                "O41_ARTIFACTS_ENDPOINT": world.service.url,
+                "O41_ARTIFACTS_TOKEN_FILE": str(token),
+                "O41_COMPUTE": "train-42",
+            }
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(adds), name],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    first = pod(world.team_a, 5, "a")
+    second = pod(world.team_a, 3, "b")
+    assert first["count"] == 5
+    assert second == {"count": 8, "names": ["a", "b"]}
+    other = pod(world.team_b, 1, "z")  # same compute and names, another namespace
+    assert other == {"count": 1, "names": ["z"]}

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,7 +16,7 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import open_store
-from o41.webhook import auth, errors, placement, usage_page
+from o41.webhook import auth, collections, errors, placement, usage_page
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
 from o41.webhook.keys import STORE
@@ -128,8 +126,7 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app.router.add_get("/openapi.json", openapi)
     app.add_routes(placement.routes)
     usage_page.setup(app, reviewer)
-    if importlib.util.find_spec("o41.webhook.collections") is not None:
-        importlib.import_module("o41.webhook.collections").setup(app)
+    collections.setup(app)
     return app
 
 
