@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from kubernetes import client, config, watch  # noqa: E402
 
 from o41.testbed.kube import ControlPlane, bin_dir  # noqa: E402
-from o41.testbed.product import NAMESPACE, OperatorProcess  # noqa: E402
+from o41.testbed.product import OperatorProcess, store_secrets  # noqa: E402
 from o41.testbed.stores import start_s3  # noqa: E402
 
 from fixtures.kube import Kube  # noqa: E402
@@ -111,21 +111,7 @@ def main() -> int:
         kube = Kube(plane.kubeconfig, api)
         kube.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         kube.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        kube.kubectl("create", "namespace", NAMESPACE)
-        secret = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
-        kube.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "stringData": secret,
-                    "metadata": {"name": "creds-s3", "namespace": NAMESPACE},
-                }
-            ),
-        )
+        store_secrets(plane.kubeconfig, s3)
         operator = OperatorProcess(plane.kubeconfig, work / "operator", check_interval=60).start()
         assert operator.server is not None
         time.sleep(3)  # let it settle before reading its memory at rest

@@ -33,10 +33,10 @@ from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import ControlPlane, bin_dir, kubectl  # noqa: E402
 from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
 from o41.testbed.product import (  # noqa: E402
-    NAMESPACE,
     OperatorProcess,
     PlacementProcess,
     install_crds,
+    store_secrets,
 )
 from o41.testbed.stores import start_s3  # noqa: E402
 
@@ -113,22 +113,7 @@ def main() -> int:
     try:
         kc = plane.kubeconfig
         install_crds(kc)
-        kubectl(kc, "create", "namespace", NAMESPACE)
-        secret = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
-        kubectl(
-            kc,
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "stringData": secret,
-                    "metadata": {"name": "creds-s3", "namespace": NAMESPACE},
-                }
-            ),
-        )
+        store_secrets(kc, s3)
         operator = OperatorProcess(kc, work / "operator", check_interval=60).start()
         assert operator.server is not None
         started.append(operator.server)

@@ -7,14 +7,13 @@ how far each read travelled.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from o41.testbed.kube import kubectl
+from o41.testbed.kube import apply, kubectl
 from o41.testbed.stack import Stack
 
 API = "artifacts.o41.io/v1alpha1"
@@ -43,10 +42,6 @@ def run() -> int:
     return 0
 
 
-def _apply(kubeconfig: Path, obj: dict[str, object]) -> None:
-    kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(obj))
-
-
 def _main_job(stack: Stack, work: Path) -> None:
     plane, s3, gcs, azure = stack.control_plane, stack.s3, stack.gcs, stack.azure
     assert plane and s3 and gcs and azure and stack.state_store
@@ -58,7 +53,7 @@ def _main_job(stack: Stack, work: Path) -> None:
     print(f"placement service on {stack.endpoint}, its state in the 3-member etcd")
 
     say(f"an organization {ORG!r} and four locations in three clouds")
-    _apply(
+    apply(
         kubeconfig,
         {
             "apiVersion": API,
@@ -84,7 +79,7 @@ def _main_job(stack: Stack, work: Path) -> None:
         ),
     }
     for name, (cloud, region, backend, secret) in locations.items():
-        _apply(
+        apply(
             kubeconfig,
             {
                 "apiVersion": API,

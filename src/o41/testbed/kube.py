@@ -12,8 +12,10 @@ import os
 import ssl
 import subprocess
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from o41.testbed.etcd import EtcdCluster
 from o41.testbed.pki import Authority, service_account_key
@@ -64,6 +66,16 @@ def kubectl(kubeconfig: Path, *args: str, input: str | None = None, check: bool 
             f"kubectl {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}"
         )
     return done.stdout
+
+
+def apply(kubeconfig: Path, *objects: Mapping[str, Any]) -> str:
+    """``kubectl apply`` of objects given as data, as a user would apply YAML."""
+    body = (
+        objects[0]
+        if len(objects) == 1
+        else {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    )
+    return kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(body))
 
 
 @dataclass

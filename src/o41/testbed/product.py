@@ -12,9 +12,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from o41.testbed.kube import kubectl
+from o41.testbed.kube import apply, kubectl
 from o41.testbed.pki import Authority
 from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
 NAMESPACE = "o41-system"
 WEBHOOK_CONFIG = "o41-artifacts.o41.io"
@@ -29,6 +30,37 @@ SAFE_ENV = {
 def _answers(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - our own loopback URL
         return bool(r.status == 200)
+
+
+def store_secrets(
+    kubeconfig: Path,
+    s3: S3Store | None = None,
+    gcs: GcsStore | None = None,
+    azure: AzureStore | None = None,
+) -> dict[str, str]:
+    """The stand-ins' credentials as Secrets in the operator's namespace, in the keys a
+    Location's credentials name; returns backend -> Secret name."""
+    kubectl(kubeconfig, "create", "namespace", NAMESPACE, check=False)
+    data: dict[str, dict[str, str]] = {}
+    if s3 is not None:
+        data["s3"] = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    if gcs is not None:
+        data["gcs"] = {"serviceAccount.json": json.dumps(gcs.service_account_info)}
+    if azure is not None:
+        data["azure"] = {"accountKey": azure.account_key}
+    apply(
+        kubeconfig,
+        *(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "stringData": d,
+                "metadata": {"name": f"creds-{k}", "namespace": NAMESPACE},
+            }
+            for k, d in data.items()
+        ),
+    )
+    return {k: f"creds-{k}" for k in data}
 
 
 def install_crds(kubeconfig: Path) -> None:

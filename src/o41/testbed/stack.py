@@ -55,33 +55,17 @@ class Stack:
     def start_product(self) -> Stack:
         """CRDs, the stand-ins' credentials as Secrets, the operator and the placement
         service (state in the 3-member etcd), as the chart would install them."""
-        import json
-
-        from o41.testbed.kube import kubectl
         from o41.testbed.product import (
-            NAMESPACE,
             OperatorProcess,
             PlacementProcess,
             install_crds,
+            store_secrets,
         )
 
         assert self.control_plane and self.state_store and self.s3 and self.gcs and self.azure
         kubeconfig = self.control_plane.kubeconfig
         install_crds(kubeconfig)
-        kubectl(kubeconfig, "create", "namespace", NAMESPACE)
-        secrets = {
-            "creds-s3": {"accessKeyId": self.s3.access_key, "secretAccessKey": self.s3.secret_key},
-            "creds-gcs": {"serviceAccount.json": json.dumps(self.gcs.service_account_info)},
-            "creds-azure": {"accountKey": self.azure.account_key},
-        }
-        for name, data in secrets.items():
-            secret = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "stringData": data,
-                "metadata": {"name": name, "namespace": NAMESPACE},
-            }
-            kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(secret))
+        store_secrets(kubeconfig, self.s3, self.gcs, self.azure)
         operator = OperatorProcess(kubeconfig, self.directory / "operator", check_interval=30)
         operator.start()
         assert operator.server is not None
