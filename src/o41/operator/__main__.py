@@ -61,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         settings.admission.managed = args.webhook_managed
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # kopf's own formatter: each object's lines start with [name], so logs can be grepped
+    kopf.configure(verbose=args.verbose, log_prefix=True)
     kopf.run(
         clusterwide=True,
         standalone=True,  # one replica; no peering
