@@ -17,10 +17,9 @@ from urllib.parse import quote
 
 import botocore.session
 from botocore import exceptions as bex
-from botocore.auth import S3SigV4QueryAuth
-from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 
+from o41.storage import sigv4
 from o41.storage.base import (
     OCTET_STREAM,
     S3_OWNER_TAG,
@@ -506,18 +505,22 @@ class S3Bucket:
         return base[: -len(probe)]
 
     def _presign_object(self, method: str, key: str, headers: dict[str, str], expires: int) -> str:
-        """SigV4 query signing by botocore's own signer, on the URL resolved once."""
+        """SigV4 query signing (o41.storage.sigv4) on the URL botocore resolved once, with
+        the credentials botocore holds (explicit, or ambient and refreshed)."""
         try:
             credentials = self._client._request_signer._credentials.get_frozen_credentials()
-            request = AWSRequest(
-                method=method, url=self._object_base + quote(key, safe="/~"), headers=headers
-            )
-            S3SigV4QueryAuth(credentials, "s3", self.signing_region, expires=expires).add_auth(
-                request
+            return sigv4.presign(
+                method,
+                self._object_base + quote(key, safe="/~"),
+                headers,
+                access_key=credentials.access_key,
+                secret_key=credentials.secret_key,
+                token=credentials.token,
+                region=self.signing_region,
+                expires=expires,
             )
         except Exception as e:
             self._raise(e, "signing a URL for", cls=StorageError)
-        return str(request.url)
 
     def _presign(self, operation: str, params: dict[str, Any], expires: int) -> str:
         """Local SigV4 computation for the bucket's own endpoint and signing region."""
