@@ -313,7 +313,8 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
         log = operator.tail(400)
         assert "403" not in log and "Forbidden" not in log, log
         # this operator, with the chart's token, did the work (not another one running)
-        assert f"[{loc}] Creation is processed" in log or f"[{loc}] Resuming is processed" in log, log
+        done = (f"[{loc}] Creation is processed", f"[{loc}] Resuming is processed")
+        assert any(line in log for line in done), log
         events = kube.kubectl(
             "get", "events", "-A", "--field-selector", f"involvedObject.name={loc}"
         )

@@ -30,7 +30,7 @@ ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
 ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 BLOCK = 1024 * 1024
-PARALLEL_PARTS = 4
+PARALLEL_PARTS = 8
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 
 

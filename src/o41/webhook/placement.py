@@ -28,7 +28,7 @@ from o41.webhook.usage import Usage
 from o41.webhook.view import LocationView, OrganizationView, Secrets, View
 
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-PART_SIZE = 64 * 1024 * 1024  # parts upload in parallel; 64 MiB keeps a 1 TB file < 10k parts
+PART_SIZE = 16 * 1024 * 1024  # parts go up in parallel; larger for files over 10k parts
 MAX_PARTS = 10_000
 MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
 UPLOAD_EXPIRES = 3600
