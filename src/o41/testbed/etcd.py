@@ -60,10 +60,14 @@ class EtcdCluster:
             EtcdMember(f"m{i}", free_port(), free_port(), self.directory / f"m{i}")
             for i in range(self.size)
         ]
-        for m in self.members:
-            self._launch(m, state="new")
-        for m in self.members:
-            self._wait(m, timeout)
+        try:
+            for m in self.members:
+                self._launch(m, state="new")
+            for m in self.members:
+                self._wait(m, timeout)
+        except BaseException:
+            self.stop()  # the members that did start must not outlive a failed start
+            raise
         return self
 
     def _launch(self, m: EtcdMember, state: str) -> None:
