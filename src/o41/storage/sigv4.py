@@ -67,7 +67,8 @@ def presign(
     }
     if token:
         query["X-Amz-Security-Token"] = token
-    canonical_query = "&".join(f"{_encode(k)}={_encode(v)}" for k, v in sorted(query.items()))
+    pairs = [f"{k}={_encode(v)}" for k, v in query.items()]  # the names need no encoding
+    canonical_query = "&".join(sorted(pairs))
     canonical = "\n".join(
         [
             method,
@@ -84,5 +85,5 @@ def presign(
     signature = hmac.new(
         _signing_key(secret_key, date, region), to_sign.encode(), hashlib.sha256
     ).hexdigest()
-    plain = "&".join(f"{_encode(k)}={_encode(v)}" for k, v in query.items())
+    plain = "&".join(pairs)
     return f"{parts.scheme}://{parts.netloc}{parts.path}?{plain}&X-Amz-Signature={signature}"

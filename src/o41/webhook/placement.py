@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from aiohttp import web
@@ -16,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from o41.api import NAME_PATTERN
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import Place, locality
+from o41.locations import bucket_ref
 from o41.state import Compare, Delete, Put, StoreUnavailable
-from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
+from o41.storage import Bucket, SignedRequest, StorageError, open_bucket
 from o41.webhook.auth import caller
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
@@ -38,7 +40,9 @@ PENDING_TTL = UPLOAD_EXPIRES + 600  # a write never committed expires with its l
 VIEW: web.AppKey[View] = web.AppKey("view", View)
 SECRETS: web.AppKey[Secrets] = web.AppKey("secrets", Secrets)
 USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
-BUCKETS: web.AppKey[dict[str, tuple[BucketRef, Bucket]]] = web.AppKey("buckets", dict)
+BUCKETS: web.AppKey[dict[str, tuple[Mapping[str, Any], Mapping[str, str] | None, Bucket]]] = (
+    web.AppKey("buckets", dict)
+)
 LEASES: web.AppKey[dict[int, int]] = web.AppKey("leases", dict)
 BATCHER: web.AppKey[PutBatcher] = web.AppKey("batcher", PutBatcher)
 COUNTS: web.AppKey[VersionCounts] = web.AppKey("counts", VersionCounts)
@@ -107,14 +111,16 @@ def organization_for(request: web.Request, name: str) -> OrganizationView:
 
 
 async def bucket_for(request: web.Request, location: LocationView) -> Bucket:
-    """One Bucket per location, rebuilt when its spec or credentials change."""
-    ref = await request.app[SECRETS].bucket(location)
+    """One Bucket per location, rebuilt when its spec or credentials change: the view
+    replaces a Location's spec object on every change and the Secret cache its data
+    object on every read, so identity tells, with no work on the hot path."""
+    credentials = await request.app[SECRETS].credentials(location)
     cache = request.app[BUCKETS]
     hit = cache.get(location.name)
-    if hit is not None and hit[0] == ref:
-        return hit[1]
-    bucket = open_bucket(ref)
-    cache[location.name] = (ref, bucket)
+    if hit is not None and hit[0] is location.spec and hit[1] is credentials:
+        return hit[2]
+    bucket = open_bucket(bucket_ref(location.name, location.uid, location.spec, credentials))
+    cache[location.name] = (location.spec, credentials, bucket)
     return bucket
 
 

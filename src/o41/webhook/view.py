@@ -104,9 +104,13 @@ class Secrets:
         self._api, self._namespace, self._ttl = api, namespace, ttl
         self._cache: dict[str, tuple[float, dict[str, str]]] = {}
 
-    async def bucket(self, location: LocationView) -> BucketRef:
+    async def credentials(self, location: LocationView) -> dict[str, str] | None:
+        """The location's Secret data (the same object until the cache refreshes it)."""
         ref = location.spec.get("credentials")
-        credentials = await self.read(ref["secretName"]) if ref else None
+        return await self.read(ref["secretName"]) if ref else None
+
+    async def bucket(self, location: LocationView) -> BucketRef:
+        credentials = await self.credentials(location)
         return bucket_ref(location.name, location.uid, location.spec, credentials)
 
     async def read(self, name: str) -> dict[str, str]:
