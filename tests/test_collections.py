@@ -18,7 +18,6 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,20 +28,11 @@ from o41.collections.client import Client, Conflict, Consistency, Unavailable, V
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from o41.testbed.etcd import EtcdCluster
-from test_collections_support import ServiceThread, wait_for
+from test_collections_support import ServiceThread
+
+from support import wait_for
 
 CONSISTENCIES: list[Consistency] = ["strong", "eventual"]
-
-
-@pytest.fixture(scope="module")
-def shared_etcd(
-    etcd_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(etcd_binary, tmp_path_factory.mktemp("etcd-collections"), size=3).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
@@ -50,7 +40,7 @@ def service(request: pytest.FixtureRequest) -> Iterator[ServiceThread]:
     if request.param == "memory":
         make: Callable[[], Any] = MemoryStore
     else:
-        cluster: EtcdCluster = request.getfixturevalue("shared_etcd")
+        cluster: EtcdCluster = request.getfixturevalue("state_etcd")
         make = lambda: EtcdStore(cluster.endpoints, timeout=5)  # noqa: E731
     running = ServiceThread(make).start()
     try:
@@ -147,7 +137,7 @@ def test_queue(client: Client, consistency: Consistency) -> None:
     assert q.poll() is None and len(q) == 0
     for item in ("a", {"b": 1}, ["c"]):
         q.offer(item)
-    wait_for(lambda: len(q) == 3, "the queue to hold three items")
+    wait_for(lambda: len(q) == 3, 30, "the queue to hold three items", interval=0.02)
     assert q.poll() == "a"
     assert q.poll() == {"b": 1}
     assert q.poll() == ["c"]
@@ -200,7 +190,9 @@ def test_barrier_never_releases_early(service: ServiceThread, client: Client, co
     for t in threads:
         t.start()
     slots = f"/o41/collections/team-a/{compute}/barrier/early/s/".encode()
-    wait_for(lambda: len(service.run(service.store.range(slots))) == 2, "two arrivals")
+    wait_for(
+        lambda: len(service.run(service.store.range(slots))) == 2, 30, "two arrivals", interval=0.02
+    )
     assert passed == []  # two of three arrived: nobody passed
     client.barrier("early", 3).wait(timeout=60)
     for t in threads:
@@ -433,23 +425,48 @@ def test_namespaces_are_isolated(service: ServiceThread, compute: str) -> None:
 
 
 @pytest.mark.etcd
-def test_eventual_writes_reach_other_replicas(shared_etcd: EtcdCluster, compute: str) -> None:
+def test_eventual_writes_reach_other_replicas(state_etcd: EtcdCluster, compute: str) -> None:
     replicas = [
-        ServiceThread(lambda: EtcdStore(shared_etcd.endpoints, timeout=5)).start() for _ in range(2)
+        ServiceThread(lambda: EtcdStore(state_etcd.endpoints, timeout=5)).start() for _ in range(2)
     ]
     try:
         one, two = (r.client(compute=compute) for r in replicas)
         one.dict("scratch", "eventual")["k"] = "v1"
         assert one.dict("scratch", "eventual")["k"] == "v1"  # read your write, same replica
-        wait_for(lambda: two.dict("scratch").get("k") == "v1", "the write to reach etcd")
-        wait_for(lambda: two.dict("scratch", "eventual").get("k") == "v1", "replica two's copy")
+        wait_for(
+            lambda: two.dict("scratch").get("k") == "v1",
+            30,
+            "the write to reach etcd",
+            interval=0.02,
+        )
+        wait_for(
+            lambda: two.dict("scratch", "eventual").get("k") == "v1",
+            30,
+            "replica two's copy",
+            interval=0.02,
+        )
         two.dict("scratch")["k"] = "v2"  # strong, through the other replica
-        wait_for(lambda: one.dict("scratch", "eventual").get("k") == "v2", "replica one's copy")
+        wait_for(
+            lambda: one.dict("scratch", "eventual").get("k") == "v2",
+            30,
+            "replica one's copy",
+            interval=0.02,
+        )
         for _ in range(10):
             one.counter("hits", "eventual").add(1)
             two.counter("hits", "eventual").add(1)
-        wait_for(lambda: one.counter("hits").get() == 20, "both replicas' adds in etcd")
-        wait_for(lambda: two.counter("hits", "eventual").get() == 20, "the copies to agree")
+        wait_for(
+            lambda: one.counter("hits").get() == 20,
+            30,
+            "both replicas' adds in etcd",
+            interval=0.02,
+        )
+        wait_for(
+            lambda: two.counter("hits", "eventual").get() == 20,
+            30,
+            "the copies to agree",
+            interval=0.02,
+        )
         assert replicas[0].engine.stats.dropped == 0
     finally:
         for r in replicas:

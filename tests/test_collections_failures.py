@@ -18,7 +18,9 @@ import pytest
 from o41.collections.client import Unavailable
 from o41.state.etcd import EtcdStore
 from o41.testbed.etcd import EtcdCluster
-from test_collections_support import ServiceProcess, ServiceThread, wait_for
+from test_collections_support import ServiceProcess, ServiceThread
+
+from support import wait_for
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(300)]
 
@@ -99,11 +101,11 @@ def test_killing_the_leader_loses_no_acknowledged_strong_write(
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(acked) >= 50, "writes before the kill")
+        wait_for(lambda: len(acked) >= 50, 30, "writes before the kill", interval=0.02)
         leader = etcd_cluster.leader()
         etcd_cluster.kill(leader)
         before = len(acked)
-        wait_for(lambda: len(acked) >= before + 100, "writes after the kill", timeout=60)
+        wait_for(lambda: len(acked) >= before + 100, 60, "writes after the kill", interval=0.02)
     finally:
         stop.set()
         for t in threads:
@@ -151,9 +153,14 @@ def test_without_majority_strong_fails_cleanly_and_recovers(
                 return False
             return True
 
-        wait_for(strong_works, "strong writes to work again", timeout=60)
+        wait_for(strong_works, 60, "strong writes to work again", interval=0.02)
         assert d["before"] == 1 and d["after"] == 4
-        wait_for(lambda: d.get("buffered") == 3, "the buffered eventual write to reach etcd")
+        wait_for(
+            lambda: d.get("buffered") == 3,
+            30,
+            "the buffered eventual write to reach etcd",
+            interval=0.02,
+        )
         assert client.counter("c").add(1) >= 1
     finally:
         service.server.stop()
@@ -172,7 +179,7 @@ def test_eventual_loss_window_is_what_a_killed_replica_buffered(
         scratch, strong = client.dict("scratch", "eventual"), client.dict("scratch")
         for i in range(50):  # the 50th write starts a batch
             scratch[f"flushed-{i}"] = i
-        wait_for(lambda: len(strong) == 50, "the batch of 50 in etcd")
+        wait_for(lambda: len(strong) == 50, 30, "the batch of 50 in etcd", interval=0.02)
         for i in range(20):
             scratch[f"buffered-{i}"] = i  # acknowledged, in memory only
             strong[f"strong-{i}"] = i

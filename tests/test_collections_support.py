@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -130,15 +129,3 @@ class ServiceProcess:
 
     def client(self, compute: str = "job-1") -> Client:
         return Client(HttpTransport(self.url, token="unused"), compute)
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 30) -> T:
-    """Poll ``check`` until it returns something true; its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)  # the poll interval of a wait on a condition, with a deadline

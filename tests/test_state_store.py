@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -32,24 +31,12 @@ from o41.state.memory import MemoryStore
 from o41.testbed.etcd import EtcdCluster
 
 
-@pytest.fixture(scope="module")
-def shared_etcd(
-    etcd_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EtcdCluster]:
-    """One cluster for the contract tests (each test works under its own prefix)."""
-    cluster = EtcdCluster(etcd_binary, tmp_path_factory.mktemp("etcd-contract"), size=3).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         made: Store = MemoryStore()
     else:
-        cluster: EtcdCluster = request.getfixturevalue("shared_etcd")
+        cluster: EtcdCluster = request.getfixturevalue("state_etcd")
         made = EtcdStore(cluster.endpoints, timeout=5)
     try:
         yield made
