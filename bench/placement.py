@@ -30,7 +30,7 @@ import aiohttp  # noqa: E402
 from o41.client.artifacts import Artifacts  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import ControlPlane, bin_dir, kubectl  # noqa: E402
+from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
 from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
 from o41.testbed.product import (  # noqa: E402
     OperatorProcess,
@@ -118,40 +118,25 @@ def main() -> int:
         operator = OperatorProcess(kc, work / "operator", check_interval=60).start()
         assert operator.server is not None
         started.append(operator.server)
-        kubectl(
-            kc,
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps(
-                {
-                    "apiVersion": "artifacts.o41.io/v1alpha1",
-                    "kind": "Organization",
-                    "metadata": {"name": "bench"},
-                    "spec": {"namespaces": ["bench"]},
-                }
-            ),
-        )
-        kubectl(
-            kc,
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps(
-                {
-                    "apiVersion": "artifacts.o41.io/v1alpha1",
-                    "kind": "Location",
-                    "metadata": {"name": "east"},
-                    "spec": {
-                        "organization": "bench",
-                        "cloud": "aws",
-                        "region": "us-east-1",
-                        "backend": {"s3": {"endpoint": s3.endpoint}},
-                        "credentials": {"secretName": "creds-s3"},
-                    },
-                }
-            ),
-        )
+        org = {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": "bench"},
+            "spec": {"namespaces": ["bench"]},
+        }
+        location = {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Location",
+            "metadata": {"name": "east"},
+            "spec": {
+                "organization": "bench",
+                "cloud": "aws",
+                "region": "us-east-1",
+                "backend": {"s3": {"endpoint": s3.endpoint}},
+                "credentials": {"secretName": "creds-s3"},
+            },
+        }
+        apply(kc, org, location)
         kubectl(
             kc,
             "wait",
