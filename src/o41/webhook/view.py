@@ -16,8 +16,6 @@ from typing import Any
 
 from o41.api import GROUP, VERSION
 from o41.core.placement import Candidate
-from o41.locations import bucket_ref
-from o41.storage import BucketRef
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +106,6 @@ class Secrets:
         """The location's Secret data (the same object until the cache refreshes it)."""
         ref = location.spec.get("credentials")
         return await self.read(ref["secretName"]) if ref else None
-
-    async def bucket(self, location: LocationView) -> BucketRef:
-        credentials = await self.credentials(location)
-        return bucket_ref(location.name, location.uid, location.spec, credentials)
 
     async def read(self, name: str) -> dict[str, str]:
         hit = self._cache.get(name)
