@@ -20,7 +20,9 @@ async def put_retrying(etcd: aetcd.Client, key: bytes, value: bytes, deadline: f
         try:
             await etcd.put(key, value)
             return failures
-        except (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError):
+        # the request in flight when the leader dies fails: timed out, refused, or its
+        # stream reset (CANCELLED); aetcd raises ClientError subclasses for all of them
+        except aetcd.exceptions.ClientError:
             failures += 1
             if time.monotonic() > deadline:
                 raise
