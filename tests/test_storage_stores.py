@@ -17,14 +17,16 @@ import os
 import urllib.error
 import urllib.request
 import uuid
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from o41.core.parts import composite_matches, crc32_b64
 from o41.storage import (
     Bucket,
     BucketRef,
@@ -36,7 +38,7 @@ from o41.storage import (
     bucket_name,
     open_bucket,
 )
-from o41.storage.base import AZURE_OWNER_METADATA, S3_OWNER_TAG
+from o41.storage.base import AZURE_OWNER_METADATA, CRC32_HEADER, S3_OWNER_TAG
 from o41.storage.gcs import MARKER_OBJECT
 from o41.testbed.process import free_port
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
@@ -422,18 +424,24 @@ def _chunks(kind: Kind) -> list[bytes]:
     return [os.urandom(5 * MiB), os.urandom(5 * MiB + 17), os.urandom(123_457)]
 
 
-def test_multipart_upload_in_parallel(backend: Backend, ready: Bucket) -> None:
+@pytest.mark.parametrize("with_crc32", [False, True], ids=["plain", "crc32"])
+def test_multipart_upload_in_parallel(backend: Backend, ready: Bucket, with_crc32: bool) -> None:
+    """With each part's CRC32, S3 keeps the composite checksum; GCS and Azure take no
+    CRC32 per part and the same call still works there."""
     chunks = _chunks(backend.kind)
     whole = b"".join(chunks)
-    upload = ready.start_multipart(KEY, parts=len(chunks), expires=300)
+    crc32 = [crc32_b64(zlib.crc32(c)) for c in chunks] if with_crc32 else None
+    upload = ready.start_multipart(KEY, parts=len(chunks), expires=300, crc32=crc32)
     assert len(upload.parts) == len(chunks)
     etags = upload_parts(upload.parts, chunks)
 
-    ready.complete_multipart(KEY, upload.upload_id, etags)
+    ready.complete_multipart(KEY, upload.upload_id, etags, crc32)
 
     stat = ready.stat(KEY)
     assert stat is not None
     assert stat.size == len(whole)
+    if crc32 is not None and backend.kind == "s3":
+        assert stat.crc32 is not None and composite_matches(stat.crc32, crc32)
     status, _, body = send(ready.presign_get(KEY, expires=300))
     assert status == 200
     assert hashlib.sha256(body).digest() == hashlib.sha256(whole).digest()
@@ -450,6 +458,29 @@ def test_s3_part_urls_are_signed_for_the_buckets_region(s3: S3Store) -> None:
             region="ap-southeast-1", now=dt.datetime.now(dt.UTC), headers=part.headers,
         )  # fmt: skip
         assert verdict == "ok"
+    bucket.abort_multipart("k", upload)
+
+
+def test_s3_part_checksums_are_signed_into_the_part_urls(s3: S3Store) -> None:
+    """A part's CRC32 header is part of its signature: S3 refuses the URL with another
+    checksum, so a pod cannot swap in other bytes with their own CRC32."""
+    bucket = open_bucket(_s3(s3).ref(_name("s3")))
+    bucket.ensure("loc-1")
+    crc32 = [crc32_b64(zlib.crc32(b"part one")), crc32_b64(zlib.crc32(b"part two"))]
+    upload = bucket.start_multipart("k", parts=2, expires=300, crc32=crc32)
+    for part, checksum in zip(upload.parts, crc32, strict=True):
+        assert part.headers[CRC32_HEADER] == checksum
+        assert CRC32_HEADER in parse_qs(urlsplit(part.url).query)["X-Amz-SignedHeaders"][0]
+
+        def verdict(headers: Mapping[str, str], url: str = part.url) -> str:
+            return check_sigv4_url(
+                url, method="PUT", access_key=s3.access_key, secret_key=s3.secret_key,
+                region="eu-west-2", now=dt.datetime.now(dt.UTC), headers=headers,
+            )  # fmt: skip
+
+        assert verdict(part.headers) == "ok"
+        swapped = {**part.headers, CRC32_HEADER: crc32_b64(zlib.crc32(b"other bytes"))}
+        assert verdict(swapped) == "bad signature"
     bucket.abort_multipart("k", upload)
 
 

@@ -257,7 +257,9 @@ class AzureBucket:
         at = expires_at(expires)
         return SignedRequest("GET", self._sas_url(key, BlobSasPermissions(read=True), at), {}, at)
 
-    def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
+    def start_multipart(
+        self, key: str, *, parts: int, expires: int, crc32: Sequence[str] | None = None
+    ) -> MultipartUpload:
         """One Put Block URL per part; nothing happens on Azure until the pod uploads."""
         check_key(key)
         check_parts(parts)
@@ -276,7 +278,11 @@ class AzureBucket:
         return MultipartUpload(key=key, upload_id=upload_id, parts=requests_)
 
     def complete_multipart(
-        self, key: str, upload: MultipartUpload | str, etags: Sequence[str]
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        etags: Sequence[str],
+        crc32: Sequence[str] | None = None,
     ) -> None:
         """Put Block List of the upload's blocks, in order. Put Block answers no ETag, so
         only the number of ``etags`` is used."""

@@ -19,6 +19,7 @@ Kind = Literal["s3", "gcs", "azure_blob", "s3_compatible"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 OCTET_STREAM = "application/octet-stream"
+CRC32_HEADER = "x-amz-checksum-crc32"  # a part's CRC32, signed into its S3 URL
 # Both S3 (SigV4) and GCS (V4) refuse signed URLs valid for longer than 7 days.
 MAX_EXPIRES = 7 * 24 * 3600
 # S3's limit on parts; GCS and Azure allow at least as many.
@@ -150,12 +151,14 @@ class MultipartUpload:
 @dataclass(frozen=True)
 class ObjectStat:
     """What the bucket says about an object. Checksums are given where the backend keeps
-    them for this object: ``md5`` as hex, ``crc32c`` base64 (big-endian), as GCS shows it."""
+    them for this object: ``md5`` as hex, ``crc32c`` base64 (big-endian), as GCS shows it;
+    ``crc32`` as S3 shows it (``<base64>-<parts>`` for a multipart object)."""
 
     size: int
     etag: str | None = None
     md5: str | None = None
     crc32c: str | None = None
+    crc32: str | None = None
 
 
 class Bucket(Protocol):
@@ -176,15 +179,24 @@ class Bucket(Protocol):
         """A single-request upload of ``key``."""
         ...
 
-    def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
-        """Start a multipart upload of ``key`` with ``parts`` parts."""
+    def start_multipart(
+        self, key: str, *, parts: int, expires: int, crc32: Sequence[str] | None = None
+    ) -> MultipartUpload:
+        """Start a multipart upload of ``key`` with ``parts`` parts. ``crc32``: each
+        part's CRC32 (base64), for backends that check them per part (S3); the others
+        take no CRC32 per part and ignore them."""
         ...
 
     def complete_multipart(
-        self, key: str, upload: MultipartUpload | str, etags: Sequence[str]
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        etags: Sequence[str],
+        crc32: Sequence[str] | None = None,
     ) -> None:
         """Assemble the parts into ``key``. ``etags`` holds one entry per part, in order:
-        the ETag header each part's PUT answered (S3 needs them; GCS and Azure use the count)."""
+        the ETag header each part's PUT answered (S3 needs them; GCS and Azure use the count).
+        ``crc32``: the checksums given to ``start_multipart``, if any."""
         ...
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:

@@ -313,7 +313,9 @@ class GcsBucket:
         at = expires_at(expires)
         return SignedRequest("GET", self._sign(key, "GET", expires), {}, at)
 
-    def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
+    def start_multipart(
+        self, key: str, *, parts: int, expires: int, crc32: Sequence[str] | None = None
+    ) -> MultipartUpload:
         """Signed PUTs of the part objects; nothing is created until the pod uploads."""
         check_key(key)
         check_parts(parts)
@@ -331,7 +333,11 @@ class GcsBucket:
         return MultipartUpload(key=key, upload_id=upload_id, parts=requests_)
 
     def complete_multipart(
-        self, key: str, upload: MultipartUpload | str, etags: Sequence[str]
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        etags: Sequence[str],
+        crc32: Sequence[str] | None = None,
     ) -> None:
         """Compose the parts into ``key``, then delete the parts (and any intermediate
         composites). Every part is checked to exist first, in one listing, so a missing

@@ -21,6 +21,7 @@ from botocore.config import Config
 
 from o41.storage import sigv4
 from o41.storage.base import (
+    CRC32_HEADER,
     OCTET_STREAM,
     S3_OWNER_TAG,
     BucketRef,
@@ -399,41 +400,53 @@ class S3Bucket:
         url = self._presign_object("GET", key, {}, expires)
         return SignedRequest("GET", url, {}, at)
 
-    def start_multipart(self, key: str, *, parts: int, expires: int) -> MultipartUpload:
+    def start_multipart(
+        self, key: str, *, parts: int, expires: int, crc32: Sequence[str] | None = None
+    ) -> MultipartUpload:
         """CreateMultipartUpload by the service, one presigned UploadPart URL per part.
-        Every part but the last must be at least 5 MiB (S3's rule)."""
+        Every part but the last must be at least 5 MiB (S3's rule). With ``crc32`` (one
+        base64 CRC32 per part) the upload is created with the CRC32 algorithm and each
+        part's checksum header is signed into its URL: S3 refuses a part whose bytes
+        differ, and the object keeps a composite checksum."""
         check_key(key)
         check_parts(parts)
+        if crc32 is not None and len(crc32) != parts:
+            raise ValueError(f"{len(crc32)} part checksums for {parts} parts")
         at = expires_at(expires)
+        extra = {"ChecksumAlgorithm": "CRC32"} if crc32 is not None else {}
         try:
             started = self._client.create_multipart_upload(
-                Bucket=self.ref.bucket, Key=key, ContentType=OCTET_STREAM
+                Bucket=self.ref.bucket, Key=key, ContentType=OCTET_STREAM, **extra
             )
         except Exception as e:
             self._raise(e, "starting an upload to", cls=StorageError)
         upload_id = str(started["UploadId"])
-        requests = tuple(
-            SignedRequest(
-                "PUT",
-                self._presign(
-                    "upload_part",
-                    {"Bucket": self.ref.bucket, "Key": key, "UploadId": upload_id, "PartNumber": n},
-                    expires,
-                ),
-                {"Content-Type": OCTET_STREAM},
-                at,
-            )
-            for n in range(1, parts + 1)
-        )
-        return MultipartUpload(key=key, upload_id=upload_id, parts=requests)
+        requests = []
+        for n in range(1, parts + 1):
+            headers = {"Content-Type": OCTET_STREAM}
+            if crc32 is not None:
+                headers[CRC32_HEADER] = crc32[n - 1]
+            params = {"partNumber": str(n), "uploadId": upload_id}
+            url = self._presign_object("PUT", key, headers, expires, params)
+            requests.append(SignedRequest("PUT", url, headers, at))
+        return MultipartUpload(key=key, upload_id=upload_id, parts=tuple(requests))
 
     def complete_multipart(
-        self, key: str, upload: MultipartUpload | str, etags: Sequence[str]
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        etags: Sequence[str],
+        crc32: Sequence[str] | None = None,
     ) -> None:
         check_key(key)
         if not etags:
             raise UploadIncomplete("no parts were reported for the upload")
-        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
+        parts: list[dict[str, Any]] = [
+            {"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)
+        ]
+        if crc32 is not None:  # S3 needs them again for an upload created with CRC32
+            for part, checksum in zip(parts, crc32, strict=True):
+                part["ChecksumCRC32"] = checksum
         try:
             self._client.complete_multipart_upload(
                 Bucket=self.ref.bucket,
@@ -489,7 +502,11 @@ class S3Bucket:
                 retryable=True,
             )
         return ObjectStat(
-            size=int(head["ContentLength"]), etag=etag, md5=md5, crc32c=head.get("ChecksumCRC32C")
+            size=int(head["ContentLength"]),
+            etag=etag,
+            md5=md5,
+            crc32c=head.get("ChecksumCRC32C"),
+            crc32=head.get("ChecksumCRC32"),
         )
 
     @functools.cached_property
@@ -504,7 +521,14 @@ class S3Bucket:
         assert base.endswith("/" + probe), base
         return base[: -len(probe)]
 
-    def _presign_object(self, method: str, key: str, headers: dict[str, str], expires: int) -> str:
+    def _presign_object(
+        self,
+        method: str,
+        key: str,
+        headers: dict[str, str],
+        expires: int,
+        params: dict[str, str] | None = None,
+    ) -> str:
         """SigV4 query signing (o41.storage.sigv4) on the URL botocore resolved once, with
         the credentials botocore holds (explicit, or ambient and refreshed)."""
         try:
@@ -518,19 +542,10 @@ class S3Bucket:
                 token=credentials.token,
                 region=self.signing_region,
                 expires=expires,
+                params=params,
             )
         except Exception as e:
             self._raise(e, "signing a URL for", cls=StorageError)
-
-    def _presign(self, operation: str, params: dict[str, Any], expires: int) -> str:
-        """Local SigV4 computation for the bucket's own endpoint and signing region."""
-        try:
-            url: str = self._client.generate_presigned_url(
-                operation, Params=params, ExpiresIn=expires
-            )
-        except Exception as e:
-            self._raise(e, "signing a URL for", cls=StorageError)
-        return url
 
     # ------------------------------------------------------------------------ errors
 

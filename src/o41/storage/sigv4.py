@@ -45,9 +45,11 @@ def presign(
     token: str | None,
     region: str,
     expires: int,
+    params: Mapping[str, str] | None = None,
     now: dt.datetime | None = None,
 ) -> str:
-    """``url`` (path already percent-encoded) signed for ``method`` with ``headers``."""
+    """``url`` (path already percent-encoded) signed for ``method`` with ``headers``;
+    ``params`` are the operation's own query parameters (``uploadId``, ``partNumber``)."""
     when = now or _now()
     amz_date = when.strftime("%Y%m%dT%H%M%SZ")
     date = amz_date[:8]
@@ -67,7 +69,8 @@ def presign(
     }
     if token:
         query["X-Amz-Security-Token"] = token
-    pairs = [f"{k}={_encode(v)}" for k, v in query.items()]  # the names need no encoding
+    pairs = [f"{_encode(k)}={_encode(v)}" for k, v in (params or {}).items()]
+    pairs += [f"{k}={_encode(v)}" for k, v in query.items()]  # these names need no encoding
     canonical_query = "&".join(sorted(pairs))
     canonical = "\n".join(
         [

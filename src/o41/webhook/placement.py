@@ -15,6 +15,16 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from o41.api import NAME_PATTERN
+from o41.core.parts import (
+    MAX_PARTS,
+    PART_SIZE,
+    composite_crc32,
+    composite_matches,
+    crc32_bytes,
+    part_count,
+    part_size_for,
+    part_size_problem,
+)
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import Place, locality
 from o41.locations import bucket_ref
@@ -30,8 +40,6 @@ from o41.webhook.usage import Usage
 from o41.webhook.view import LocationView, OrganizationView, Secrets, View
 
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-PART_SIZE = 16 * 1024 * 1024  # parts go up in parallel; larger for files over 10k parts
-MAX_PARTS = 10_000
 MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
 UPLOAD_EXPIRES = 3600
 DOWNLOAD_EXPIRES = 900
@@ -67,6 +75,8 @@ class BeginIn(Model):
     size: int | None = Field(default=None, ge=0, le=MAX_SIZE)
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     exclude: list[str] = Field(default_factory=list, max_length=100)
+    part_size: int | None = Field(default=None, alias="partSize", ge=1)
+    crc32: list[str] | None = Field(default=None, max_length=MAX_PARTS)
 
 
 class CommitIn(Model):
@@ -147,10 +157,44 @@ def storage_failed(location: str, e: StorageError) -> web.HTTPException:
     )
 
 
+def upload_plan(body: BeginIn) -> tuple[int, int] | None:
+    """(part size, parts) of a multipart write, None for a single PUT. The client may
+    choose the part size (it must, to send each part's CRC32); the limits are S3's."""
+    size, part_size, crc32 = body.size, body.part_size, body.crc32
+    if part_size is None:
+        if crc32 is not None:
+            raise problem(400, "crc32 needs partSize: the CRC32 of each part of partSize bytes")
+        if size is None or size <= PART_SIZE:
+            return None
+        part_size = part_size_for(size)
+    else:
+        if size is None:
+            raise problem(400, "partSize needs size: declare the file's size in bytes")
+        if why := part_size_problem(size, part_size):
+            raise problem(400, why)
+    parts = part_count(size, part_size)
+    if crc32 is not None:
+        if len(crc32) != parts:
+            raise problem(
+                400,
+                f"crc32 has {len(crc32)} checksums, but {size} bytes in parts of {part_size} "
+                f"are {parts} parts: send one per part, in order",
+            )
+        for n, checksum in enumerate(crc32, start=1):
+            if crc32_bytes(checksum) is None:
+                raise problem(
+                    400,
+                    f"crc32 of part {n} is {checksum[:20]!r}, not a CRC32: four big-endian "
+                    "bytes in base64, like 'AAAAAA=='",
+                )
+    return part_size, parts
+
+
 @routes.post("/v1/writes")
 async def begin(request: web.Request) -> web.Response:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     body: BeginIn = await parse(request, BeginIn)
+    plan = upload_plan(body)
     org = organization_for(request, body.organization)
     view = request.app[VIEW]
     place = Place(
@@ -173,11 +217,14 @@ async def begin(request: web.Request) -> web.Response:
     key = f"{body.artifact}/{version}"
     bucket = await bucket_for(request, location)
     try:
-        if body.size is not None and body.size > PART_SIZE:
-            part_size = max(PART_SIZE, -(-body.size // MAX_PARTS))
-            parts = -(-body.size // part_size)
+        if plan is not None:
+            part_size, parts = plan
             started = await asyncio.to_thread(
-                bucket.start_multipart, key, parts=parts, expires=UPLOAD_EXPIRES
+                bucket.start_multipart,
+                key,
+                parts=parts,
+                expires=UPLOAD_EXPIRES,
+                crc32=body.crc32,
             )
             upload: dict[str, Any] = {
                 "multipart": {
@@ -210,6 +257,7 @@ async def begin(request: web.Request) -> web.Response:
         upload_id=upload_id,
         parts=parts,
         began=time.time(),
+        crc32=body.crc32,
     )
     try:
         lease = await pending_lease(request)
@@ -276,7 +324,11 @@ async def commit(request: web.Request) -> web.Response:
                     f"of each part's PUT answer, in order, as etags ({len(body.etags)} given)",
                 )
             await asyncio.to_thread(
-                bucket.complete_multipart, pending.key, pending.upload_id, body.etags
+                bucket.complete_multipart,
+                pending.key,
+                pending.upload_id,
+                body.etags,
+                pending.crc32,
             )
         stat = await asyncio.to_thread(bucket.stat, pending.key)
     except StorageError as e:
@@ -296,6 +348,13 @@ async def commit(request: web.Request) -> web.Response:
             409,
             f"the bucket holds {stat.size} bytes for {version!r}, but begin declared "
             f"{pending.size}: upload the whole file again, then commit",
+        )
+    if pending.crc32 and stat.crc32 and not composite_matches(stat.crc32, pending.crc32):
+        raise problem(
+            409,
+            f"the bucket's copy of {version!r} has CRC32 {stat.crc32}, not "
+            f"{composite_crc32(pending.crc32)} from the parts' checksums: a part was damaged "
+            "on the way; upload it again, then commit",
         )
     declared = body.md5 or pending.md5
     if declared and stat.md5 and stat.md5 != declared:

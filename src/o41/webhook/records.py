@@ -55,6 +55,7 @@ class Pending:
     upload_id: str | None
     parts: int
     began: float
+    crc32: list[str] | None = None  # each part's, when the client sent them
 
     def dump(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
