@@ -51,7 +51,7 @@ def test_fast_presign_equals_botocore(
     # one frozen clock for both signers, so any difference is in the signing itself
     with (
         mock.patch("botocore.auth.get_current_datetime", return_value=FIXED),
-        mock.patch("o41.storage.sigv4._now", return_value=FIXED),
+        mock.patch("o41.storage.sigv4._now", return_value=f"{FIXED:%Y%m%dT%H%M%SZ}"),
     ):
         fast_put = s3._presign_object("PUT", key, headers, 3600)
         full_put = botocore_presign(

@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 from urllib.parse import quote, urlsplit
 
@@ -19,8 +20,14 @@ ALGORITHM = "AWS4-HMAC-SHA256"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+def _now() -> str:
+    """The request time as SigV4 writes it (``20261129T120000Z``)."""
+    return _stamp(int(time.time()))
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp(second: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
 
 
 @functools.lru_cache(maxsize=64)
@@ -31,8 +38,28 @@ def _signing_key(secret: str, date: str, region: str) -> bytes:
     return key
 
 
+@functools.lru_cache(maxsize=1024)
 def _encode(value: str) -> str:
+    """Most values repeat from URL to URL (credential scope, expiry, signed headers)."""
     return quote(value, safe="-_.~")
+
+
+@functools.lru_cache(maxsize=256)
+def _host(scheme: str, netloc: str) -> str:
+    """The Host header S3 sees: the port only when it is not the scheme's default."""
+    parts = urlsplit(f"{scheme}://{netloc}")
+    host = parts.hostname or ""
+    if parts.port is not None and parts.port != _DEFAULT_PORTS.get(parts.scheme):
+        host = f"{host}:{parts.port}"
+    return host
+
+
+@functools.lru_cache(maxsize=256)
+def _headers(host: str, headers: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """(canonical header block, signed header names) of one set of headers."""
+    signed = {"host": host, **{k.lower(): " ".join(v.split()) for k, v in headers}}
+    names = sorted(signed)
+    return "".join(f"{n}:{signed[n]}\n" for n in names), ";".join(names)
 
 
 def presign(
@@ -49,36 +76,33 @@ def presign(
     now: dt.datetime | None = None,
 ) -> str:
     """``url`` (path already percent-encoded) signed for ``method`` with ``headers``;
-    ``params`` are the operation's own query parameters (``uploadId``, ``partNumber``)."""
-    when = now or _now()
-    amz_date = when.strftime("%Y%m%dT%H%M%SZ")
+    ``params`` are the operation's own query parameters (``uploadId``, ``partNumber``).
+    Everything that repeats from URL to URL (encodings, header blocks, the day's key)
+    is cached: a begin signs one URL per request."""
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ") if now else _now()
     date = amz_date[:8]
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None and parts.port != _DEFAULT_PORTS.get(parts.scheme):
-        host = f"{host}:{parts.port}"
-    signed = {"host": host, **{k.lower(): " ".join(v.split()) for k, v in headers.items()}}
-    names = sorted(signed)
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    path = slash + path
+    header_block, names = _headers(_host(scheme, netloc), tuple(headers.items()))
     scope = f"{date}/{region}/s3/aws4_request"
-    query = {
-        "X-Amz-Algorithm": ALGORITHM,
-        "X-Amz-Credential": f"{access_key}/{scope}",
-        "X-Amz-Date": amz_date,
-        "X-Amz-Expires": str(expires),
-        "X-Amz-SignedHeaders": ";".join(names),
-    }
-    if token:
-        query["X-Amz-Security-Token"] = token
-    pairs = [f"{_encode(k)}={_encode(v)}" for k, v in (params or {}).items()]
-    pairs += [f"{k}={_encode(v)}" for k, v in query.items()]  # these names need no encoding
-    canonical_query = "&".join(sorted(pairs))
+    # the X-Amz-* names sort in this order, and before any lower-case parameter name
+    amz = [
+        f"X-Amz-Algorithm={ALGORITHM}",
+        f"X-Amz-Credential={_encode(f'{access_key}/{scope}')}",
+        f"X-Amz-Date={amz_date}",
+        f"X-Amz-Expires={expires}",
+        *([f"X-Amz-Security-Token={_encode(token)}"] if token else []),
+        f"X-Amz-SignedHeaders={_encode(names)}",
+    ]
+    own = [f"{_encode(k)}={_encode(v)}" for k, v in (params or {}).items()]
     canonical = "\n".join(
         [
             method,
-            parts.path or "/",
-            canonical_query,
-            "".join(f"{n}:{signed[n]}\n" for n in names),
-            ";".join(names),
+            path or "/",
+            "&".join([*amz, *sorted(own)]),
+            header_block,
+            names,
             "UNSIGNED-PAYLOAD",
         ]
     )
@@ -88,5 +112,5 @@ def presign(
     signature = hmac.new(
         _signing_key(secret_key, date, region), to_sign.encode(), hashlib.sha256
     ).hexdigest()
-    plain = "&".join(pairs)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}?{plain}&X-Amz-Signature={signature}"
+    plain = "&".join([*own, *amz[:4], *amz[5:], *amz[4:5]] if token else [*own, *amz])
+    return f"{scheme}://{netloc}{path}?{plain}&X-Amz-Signature={signature}"

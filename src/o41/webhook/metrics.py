@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -46,21 +47,21 @@ class UsageMetrics:
             "Observations counted under the _other label set: the label-set cap was reached.",
             registry=self.registry,
         )
-        self._seen: dict[str, set[tuple[str, ...]]] = {}
-
-    def _labels(self, family: str, values: tuple[str, ...]) -> tuple[str, ...]:
-        seen = self._seen.setdefault(family, set())
-        if values in seen:
-            return values
-        if len(seen) < self.max_label_sets:
-            seen.add(values)
-            return values
-        self.folded.inc()
-        return (OTHER,) * len(values)
+        # each family's children by label values: labels() costs more than the increment
+        self._children: dict[str, dict[tuple[str, ...], Any]] = {}
 
     def _inc(self, family: str, counter: Counter, values: tuple[str, ...], n: int) -> None:
-        if n > 0:
-            counter.labels(*self._labels(family, values)).inc(n)
+        if n <= 0:
+            return
+        children = self._children.setdefault(family, {})
+        child = children.get(values)
+        if child is None:
+            if len(children) < self.max_label_sets:
+                child = children[values] = counter.labels(*values)
+            else:
+                self.folded.inc()
+                child = counter.labels(*(OTHER,) * len(values))
+        child.inc(n)
 
     def observe(
         self,

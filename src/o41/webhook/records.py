@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 PREFIX = b"/o41/placement/"
@@ -38,6 +38,19 @@ def new_version() -> str:
     return f"{int(time.time() * 1000):012x}-{secrets.token_hex(8)}"
 
 
+def _dump(record: Any) -> bytes:
+    """A flat record as compact JSON; ``dataclasses.asdict`` deep-copies every field,
+    which cost a begin a fifth of its time."""
+    names = _FIELDS.get(type(record))
+    if names is None:
+        names = _FIELDS[type(record)] = tuple(f.name for f in fields(record))
+    return _COMPACT({n: getattr(record, n) for n in names}).encode()
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     organization: str
@@ -58,7 +71,7 @@ class Pending:
     crc32: list[str] | None = None  # each part's, when the client sent them
 
     def dump(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _dump(self)
 
     @classmethod
     def load(cls, raw: bytes) -> Pending:
@@ -81,7 +94,7 @@ class Version:
     committed: float
 
     def dump(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return _dump(self)
 
     @classmethod
     def load(cls, raw: bytes) -> Version:
