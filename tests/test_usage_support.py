@@ -189,8 +189,8 @@ def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
     view.organizations[EMPTY_ORG] = OrganizationView(
         EMPTY_ORG, frozenset({"team-a"}), None, {}, False
     )
-    view.locations[EAST[0]] = location(*EAST, "2026-01-01T00:00:00Z")
-    view.locations[CENTRAL[0]] = location(*CENTRAL, "2026-01-02T00:00:00Z")
+    view.put_location(location(*EAST, "2026-01-01T00:00:00Z"))
+    view.put_location(location(*CENTRAL, "2026-01-02T00:00:00Z"))
     view.synced.set()
     seed = history() if records is None else records
 

@@ -88,11 +88,25 @@ class View:
     locations: dict[str, LocationView] = field(default_factory=dict)
     organizations: dict[str, OrganizationView] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+    # each organization's locations, sorted; every begin reads them, few events change them
+    _by_organization: dict[str, tuple[LocationView, ...]] = field(default_factory=dict)
 
-    def locations_of(self, organization: str) -> list[LocationView]:
+    def put_location(self, location: LocationView) -> None:
+        self.locations[location.name] = location
+        self._by_organization.clear()
+
+    def drop_location(self, name: str) -> None:
+        self.locations.pop(name, None)
+        self._by_organization.clear()
+
+    def locations_of(self, organization: str) -> tuple[LocationView, ...]:
         """In the order they were added, as placement's rules want them."""
-        found = [v for v in self.locations.values() if v.organization == organization]
-        return sorted(found, key=lambda v: (v.created, v.name))
+        found = self._by_organization.get(organization)
+        if found is None:
+            mine = [v for v in self.locations.values() if v.organization == organization]
+            found = tuple(sorted(mine, key=lambda v: (v.created, v.name)))
+            self._by_organization[organization] = found
+        return found
 
 
 class Secrets:
@@ -145,9 +159,9 @@ class Watcher:
         name = obj["metadata"]["name"]
         if plural == "locations":
             if kind == "DELETED":
-                self._view.locations.pop(name, None)
+                self._view.drop_location(name)
             else:
-                self._view.locations[name] = location_view(obj)
+                self._view.put_location(location_view(obj))
         elif kind == "DELETED":
             self._view.organizations.pop(name, None)
         else:
@@ -194,8 +208,9 @@ class Watcher:
                 self._stop.wait(1.0)
 
     def _forget_missing(self, plural: str, names: set[str]) -> None:
-        table: dict[str, Any] = (
-            self._view.locations if plural == "locations" else self._view.organizations
-        )
-        for gone in set(table) - names:
-            table.pop(gone, None)
+        if plural == "locations":
+            for gone in set(self._view.locations) - names:
+                self._view.drop_location(gone)
+        else:
+            for gone in set(self._view.organizations) - names:
+                self._view.organizations.pop(gone, None)
