@@ -32,6 +32,9 @@ class PutBatcher:
     async def _flush(self) -> None:
         try:
             while self._queue:
+                # one turn of the loop first: requests already read from their sockets
+                # reach the queue and share this transaction (no wait when idle)
+                await asyncio.sleep(0)
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 try:
                     result = await self.store.txn([], [put for put, _ in batch])
