@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from o41.collections.engine import Busy, Engine, collection_prefix
+from o41.collections.checks import Busy, collection_prefix
+from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
 from o41.state import Compare, Op, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore

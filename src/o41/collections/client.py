@@ -334,7 +334,7 @@ class EmbeddedTransport:
     ) -> builtins.dict[str, Any]:
         import asyncio
 
-        from o41.collections.engine import CollectionError as Refused
+        from o41.collections.checks import CollectionError as Refused
         from o41.state import StoreUnavailable
 
         future = asyncio.run_coroutine_threadsafe(

@@ -34,17 +34,27 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from o41.collections import keys
-from o41.collections.keys import check_encoded
-from o41.collections.values import MAX_VALUE
+from o41.collections.checks import (
+    BadRequest,
+    Busy,
+    Conflict,
+    collection_prefix,
+    consistency_arg,
+    counter_value,
+    float_arg,
+    id_arg,
+    int_arg,
+    key_arg,
+    value_arg,
+)
+from o41.collections.combining import MAX_TXN_OPS, Combiner, StrongCounter, StrongQueue
+from o41.collections.replica import Buffered, Changes, CounterPending, Replica
 from o41.state import (
     Compare,
-    Consistency,
     Delete,
     Get,
     KeyValue,
@@ -53,498 +63,12 @@ from o41.state import (
     Put,
     Store,
     StoreUnavailable,
-    WatchEvent,
 )
 
 log = logging.getLogger(__name__)
 
-ROOT = b"/o41/collections/"
-KINDS = ("dict", "set", "counter", "queue", "registry", "barrier", "lock")
-MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
 MAX_PARTIES = 10_000
 RELEASES_KEPT = 1000  # barrier generations whose released participants stay recorded
-
-
-class CollectionError(Exception):
-    """A refusal with an HTTP status; the message says what to do."""
-
-    status = 400
-
-
-class BadRequest(CollectionError):
-    status = 400
-
-
-class TooLarge(CollectionError):
-    status = 413
-
-
-class Conflict(CollectionError):
-    status = 409
-
-
-class Busy(CollectionError):
-    status = 503
-
-
-def check_name(what: str, name: object) -> str:
-    try:
-        return keys.check_name(what, name)
-    except ValueError as e:
-        raise BadRequest(str(e)) from None
-
-
-def collection_prefix(namespace: str, compute: str, kind: str, name: str) -> bytes:
-    """Where one collection's keys live; ``namespace`` is the caller's, authenticated."""
-    if not namespace or "/" in namespace:
-        raise BadRequest(f"bad namespace {namespace!r}")
-    check_name("compute", compute)
-    check_name("collection", name)
-    if kind not in KINDS:
-        raise BadRequest(f"unknown collection kind {kind!r}: one of {', '.join(KINDS)}")
-    return ROOT + f"{namespace}/{compute}/{kind}/{name}/".encode()
-
-
-# arguments
-
-
-def _key(args: dict[str, Any]) -> bytes:
-    try:
-        return check_encoded(args.get("key")).encode()
-    except ValueError as e:
-        raise BadRequest(str(e)) from None
-
-
-def _value(args: dict[str, Any]) -> bytes:
-    value = args.get("value")
-    if not isinstance(value, bytes):
-        raise BadRequest("a value is required (bytes, base64 in JSON)")
-    if len(value) > MAX_VALUE:
-        raise TooLarge(
-            f"value too large: {len(value)} bytes serialized, the limit is {MAX_VALUE}; store "
-            "large objects as artifacts and keep their names here"
-        )
-    return value
-
-
-def _int(
-    args: dict[str, Any],
-    name: str,
-    default: int | None = None,
-    lo: int = -(2**63),
-    hi: int = 2**63 - 1,
-) -> int:
-    value = args.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{name} must be an integer in [{lo}, {hi}]")
-    return value
-
-
-def _float(args: dict[str, Any], name: str, default: float) -> float:
-    value = args.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise BadRequest(f"{name} must be a number of seconds >= 0")
-    return float(value)
-
-
-def _id(args: dict[str, Any], name: str) -> str:
-    value = args.get(name)
-    if not isinstance(value, str) or not 0 < len(value) <= 200:
-        raise BadRequest(f"{name} must be a string of 1-200 characters")
-    return value
-
-
-def _consistency(args: dict[str, Any]) -> Consistency:
-    value = args.get("consistency", "strong")
-    if value not in ("strong", "eventual"):
-        raise BadRequest(f"consistency must be 'strong' or 'eventual', not {value!r}")
-    return "eventual" if value == "eventual" else "strong"
-
-
-def _counter_value(kv: KeyValue | None) -> int:
-    return int(kv.value) if kv is not None and kv.value else 0
-
-
-# batching
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-class Combiner(Generic[T, R]):
-    """Requests that arrive while ``parallel`` batches are in flight form the next batch.
-
-    Under contention this is what keeps a hot counter or queue at one etcd transaction per
-    batch instead of one compare-and-swap round (and its retries) per request, and many
-    concurrent strong writes or reads at one transaction per batch (group commit) instead
-    of one gRPC call each. Alone, a request runs at once, in a batch of one.
-    """
-
-    def __init__(
-        self, run: Callable[[list[T]], Awaitable[Sequence[R]]], limit: int, parallel: int = 1
-    ) -> None:
-        self._run = run
-        self._limit = limit
-        self._parallel = parallel
-        self._running = 0  # batches in flight
-        self._pending: list[tuple[T, asyncio.Future[R]]] = []
-
-    async def submit(self, item: T) -> R:
-        if self._running < self._parallel and not self._pending:
-            self._running += 1  # alone: run in this very task, no hand-over
-            try:
-                return (await self._run([item]))[0]
-            finally:
-                self._running -= 1
-                self._more()
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
-        self._more()
-        return await future
-
-    def _more(self) -> None:
-        """Start a batch of what waits, if a slot is free."""
-        if self._pending and self._running < self._parallel:
-            self._running += 1
-            asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        try:
-            batch = self._pending[: self._limit]
-            del self._pending[: self._limit]
-            try:
-                results = await self._run([item for item, _ in batch])
-            except Exception as e:  # each waiter gets the failure
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
-                return
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
-        finally:
-            self._running -= 1
-            self._more()
-
-    @property
-    def idle(self) -> bool:
-        return not self._running and not self._pending
-
-
-class _Counter:
-    """Strong adds to one counter, merged; the last value and revision seen are cached so
-    a batch costs one transaction when nobody else wrote in between."""
-
-    def __init__(self, store: Store, key: bytes) -> None:
-        self.store, self.key = store, key
-        self.known: tuple[int, int] = (0, 0)  # value, mod revision (0: absent)
-        self.combiner: Combiner[int, int] = Combiner(self._add, MAX_TXN_OPS)
-
-    async def _add(self, deltas: list[int]) -> list[int]:
-        total = sum(deltas)
-        for _ in range(100):
-            value, mod = self.known
-            result = await self.store.txn(
-                [Compare(self.key, "mod", "==", mod)],
-                [Put(self.key, str(value + total).encode())],
-                [Get(self.key)],
-            )
-            if result.succeeded:
-                self.known = (value + total, result.revision)
-                out, running = [], value
-                for d in deltas:
-                    running += d
-                    out.append(running)
-                return out
-            found = result.results[0]
-            self.known = (_counter_value(found[0]), found[0].mod_revision) if found else (0, 0)
-        raise Busy("the counter is contended by other replicas: try again")
-
-    async def refresh(self) -> None:
-        """Read the current value (linearizable): fails cleanly, writing nothing, when etcd
-        has no majority; then a flush's transaction is unlikely to end in doubt."""
-        kv = await self.store.get(self.key)
-        self.known = (_counter_value(kv), kv.mod_revision if kv else 0)
-
-
-class _Queue:
-    """Strong offers (batched, advancing ``seq``) and polls (batched claims) of one queue."""
-
-    def __init__(self, store: Store, prefix: bytes) -> None:
-        self.store = store
-        self.seq_key = prefix + b"seq"
-        self.items = prefix + b"q/"
-        self.known: tuple[int, int] = (0, 0)  # last sequence number, mod revision of seq
-        self.offers: Combiner[bytes, None] = Combiner(self.offer_batch, MAX_TXN_OPS - 1)
-        self.polls: Combiner[None, bytes | None] = Combiner(self._poll, MAX_TXN_OPS)
-
-    async def offer_batch(self, values: list[bytes]) -> list[None]:
-        for _ in range(100):
-            n, mod = self.known
-            ops: list[Op] = [Put(self.seq_key, str(n + len(values)).encode())]
-            ops += [Put(self.items + b"%020d" % (n + 1 + i), v) for i, v in enumerate(values)]
-            result = await self.store.txn(
-                [Compare(self.seq_key, "mod", "==", mod)], ops, [Get(self.seq_key)]
-            )
-            if result.succeeded:
-                self.known = (n + len(values), result.revision)
-                return [None] * len(values)
-            found = result.results[0]
-            self.known = (_counter_value(found[0]), found[0].mod_revision) if found else (0, 0)
-        raise Busy("the queue is contended by other replicas: try again")
-
-    async def refresh(self) -> None:
-        kv = await self.store.get(self.seq_key)
-        self.known = (_counter_value(kv), kv.mod_revision if kv else 0)
-
-    async def _poll(self, polls: list[None]) -> list[bytes | None]:
-        """Claim up to ``len(polls)`` head items at once. A poller gets ``None`` only when a
-        linearizable read found the queue empty (then it was empty at that instant)."""
-        got: list[bytes | None] = []
-        conflicts = 0
-        while len(got) < len(polls):
-            want = len(polls) - len(got) if conflicts < 3 else 1
-            heads = await self.store.range(self.items, limit=want)
-            if not heads:
-                break
-            claim = await self.store.txn(
-                [Compare(kv.key, "mod", "==", kv.mod_revision) for kv in heads],
-                [Delete(kv.key) for kv in heads],
-            )
-            if claim.succeeded:
-                got += [kv.value for kv in heads]
-            else:
-                conflicts += 1  # another replica claimed one of them: look again
-        return got + [None] * (len(polls) - len(got))
-
-
-# eventual: this replica's copy of a collection, and its buffered writes
-
-
-@dataclass
-class _Pending:
-    value: bytes | None  # None: deleted
-    seq: int
-    flushed_at: int = 0  # the etcd revision that holds it, once written
-    order: int = 0  # where it iterates among the buffered keys (first write)
-    recreated: bool = False  # deleted then written again: it moves to the end
-
-
-@dataclass
-class _CounterPending:
-    reset: bool = False
-    delta: int = 0
-
-
-class Replica:
-    """This service replica's copy of one collection's keys (``prefix``), with the eventual
-    writes it acknowledged and has not seen come back from etcd yet."""
-
-    def __init__(self, engine: Engine, prefix: bytes) -> None:
-        self.engine, self.prefix = engine, prefix
-        self.mirror: dict[bytes, KeyValue] = {}
-        self.revision = 0  # the mirror holds every event up to this revision
-        self.loaded = asyncio.Event()
-        self.overlay: dict[bytes, _Pending] = {}
-        self.dirty: dict[bytes, None] = {}  # overlay keys not written yet, in order
-        self.cleared: _Pending | None = None  # a buffered clear of the whole collection
-        self.clear_dirty = False
-        self.unseen: deque[tuple[int, bytes, int]] = deque()  # (revision, key, seq) written
-        self.counter = _CounterPending()
-        self.counter_inflight: deque[tuple[int, _CounterPending]] = deque()
-        self.offers: list[bytes] = []
-        self.used = time.monotonic()
-        self.task: asyncio.Task[None] | None = None
-        self.failing = False  # the last load failed: reads do not wait for the next
-
-    # the copy
-
-    def start(self) -> None:
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._follow())
-
-    async def ready(self) -> bool:
-        """True once the copy is loaded; False if etcd did not give it within a second."""
-        self.used = time.monotonic()
-        self.start()
-        if self.loaded.is_set() or self.failing:
-            return self.loaded.is_set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.loaded.wait(), 1.0)
-        return self.loaded.is_set()
-
-    async def _follow(self) -> None:
-        backoff = 0.1
-        store = self.engine.store
-        while True:
-            try:
-                snapshot = await store.txn([], [Get(self.prefix, prefix=True)])
-                self.mirror = {kv.key: kv for kv in snapshot.results[0]}
-                self.revision = snapshot.revision
-                self._prune()
-                self.loaded.set()
-                self.failing = False
-                backoff = 0.1
-                async for event in store.watch(self.prefix, start_revision=self.revision + 1):
-                    self._apply(event)
-            except asyncio.CancelledError:
-                raise
-            except StoreUnavailable as e:
-                self.failing = True
-                log.info("copy of %r: %s; reloading", self.prefix, e)
-            except Exception:
-                self.failing = True
-                log.exception("copy of %r failed; reloading", self.prefix)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
-
-    def _apply(self, event: WatchEvent) -> None:
-        kv = event.kv
-        current = self.mirror.get(kv.key)
-        if current is None or current.mod_revision < kv.mod_revision:
-            if event.kind == "put":
-                self.mirror[kv.key] = kv
-            elif current is not None:
-                del self.mirror[kv.key]
-        self.revision = max(self.revision, kv.mod_revision)
-        self._prune()
-
-    def _prune(self) -> None:
-        """Drop what was written and has come back through the watch: the copy has it."""
-        while self.unseen and self.unseen[0][0] <= self.revision:
-            _, key, seq = self.unseen.popleft()
-            pending = self.overlay.get(key)
-            if pending is not None and pending.seq == seq and key not in self.dirty:
-                del self.overlay[key]
-        cleared = self.cleared
-        if cleared is not None and not self.clear_dirty and 0 < cleared.flushed_at <= self.revision:
-            self.cleared = None
-        while self.counter_inflight and self.counter_inflight[0][0] <= self.revision:
-            self.counter_inflight.popleft()
-
-    async def snapshot(self) -> dict[bytes, KeyValue]:
-        """The keys as this replica sees them (its copy, or a serializable read while the
-        copy is loading), before its own buffered writes."""
-        if await self.ready():
-            return self.mirror
-        kvs = await self.engine.store.range(self.prefix, consistency="eventual")
-        return {kv.key: kv for kv in kvs}
-
-    # entries (dict, set, registry)
-
-    async def lookup(self, key: bytes) -> bytes | None:
-        pending = self.overlay.get(key)
-        if pending is not None:
-            return pending.value
-        if self.cleared is not None:
-            return None
-        kv = (await self.snapshot()).get(key)
-        return None if kv is None else kv.value
-
-    async def entries(self) -> list[tuple[bytes, bytes]]:
-        base = {} if self.cleared is not None else await self.snapshot()
-        order = sorted(base.values(), key=lambda kv: (kv.create_revision, kv.key))
-        out = {kv.key: kv.value for kv in order}
-        for key, pending in sorted(self.overlay.items(), key=lambda item: item[1].order):
-            if pending.value is None or pending.recreated:
-                out.pop(key, None)
-            if pending.value is not None:
-                out[key] = pending.value
-        return list(out.items())
-
-    def write(self, key: bytes, value: bytes | None) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
-        seq = self.engine.next_seq()
-        before = self.overlay.get(key)
-        if before is None:
-            pending = _Pending(value, seq, order=seq)
-        elif before.value is None:  # deleted, now back: at the end, as in a dict
-            pending = _Pending(value, seq, order=seq, recreated=value is not None)
-        else:
-            pending = _Pending(value, seq, order=before.order, recreated=before.recreated)
-        self.overlay[key] = pending
-        self.dirty[key] = None
-        self.engine.wrote(self)
-
-    def clear(self) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
-        self.overlay.clear()
-        self.dirty.clear()
-        self.unseen.clear()
-        self.cleared = _Pending(None, self.engine.next_seq())
-        self.clear_dirty = True
-        self.engine.wrote(self)
-
-    # counter
-
-    async def counter_value(self, key: bytes) -> int:
-        kv = (await self.snapshot()).get(key)
-        value = _counter_value(kv)
-        for _, step in self.counter_inflight:
-            value = (0 if step.reset else value) + step.delta
-        return (0 if self.counter.reset else value) + self.counter.delta
-
-    def counter_write(self, delta: int, reset: bool) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
-        if reset:
-            self.counter = _CounterPending(reset=True)
-        self.counter.delta += delta
-        self.engine.wrote(self)
-
-    # queue
-
-    def offer(self, value: bytes) -> None:
-        self.engine.admit()
-        self.offers.append(value)
-        self.engine.buffered += 1
-        self.engine.wrote(self)
-
-    @property
-    def backlog(self) -> int:
-        """Buffered writes not yet sent to etcd."""
-        counter = 1 if self.counter.reset or self.counter.delta else 0
-        return len(self.dirty) + int(self.clear_dirty) + counter + len(self.offers)
-
-    @property
-    def idle(self) -> bool:
-        return (
-            not self.dirty
-            and not self.clear_dirty
-            and not self.offers
-            and not self.counter.reset
-            and not self.counter.delta
-        )
-
-
-class _Changes:
-    """Wakes a waiter when anything under a prefix changes (a watch pumped into an event)."""
-
-    def __init__(self, store: Store, prefix: bytes, start_revision: int) -> None:
-        self._event = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(
-            self._pump(store, prefix, start_revision)
-        )
-
-    async def _pump(self, store: Store, prefix: bytes, start_revision: int) -> None:
-        try:
-            async for _ in store.watch(prefix, start_revision=start_revision):
-                self._event.set()
-        finally:
-            self._event.set()  # a broken watch wakes the waiter: it reads again
-
-    async def wait(self, seconds: float) -> None:
-        """Until something changed or ``seconds`` passed."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), max(0.0, seconds))
-        self._event.clear()
-
-    async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
 
 
 @dataclass
@@ -590,8 +114,8 @@ class Engine:
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
-        self._counters: dict[bytes, _Counter] = {}
-        self._queues: dict[bytes, _Queue] = {}
+        self._counters: dict[bytes, StrongCounter] = {}
+        self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
         self._dirty: dict[bytes, Replica] = {}
         self._wake: asyncio.Event | None = None
@@ -708,8 +232,8 @@ class Engine:
         return replica
 
     async def _get(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        key = prefix + b"e/" + _key(args)
-        if _consistency(args) == "eventual":
+        key = prefix + b"e/" + key_arg(args)
+        if consistency_arg(args) == "eventual":
             value = await self._replica(prefix + b"e/").lookup(key)
         else:
             kv = await self._gets.submit(key)
@@ -721,8 +245,8 @@ class Engine:
         return {"found": found["found"]}
 
     async def _set(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        key, value = prefix + b"e/" + _key(args), _value(args)
-        if _consistency(args) == "eventual":
+        key, value = prefix + b"e/" + key_arg(args), value_arg(args)
+        if consistency_arg(args) == "eventual":
             self._replica(prefix + b"e/").write(key, value)
         else:
             await self._puts.submit((key, value))
@@ -732,8 +256,8 @@ class Engine:
         return await self._set(prefix, {**args, "value": b""})
 
     async def _setdefault(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        key, value = prefix + b"e/" + _key(args), _value(args)
-        if _consistency(args) == "eventual":
+        key, value = prefix + b"e/" + key_arg(args), value_arg(args)
+        if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
             current = await replica.lookup(key)
             if current is None:
@@ -746,8 +270,8 @@ class Engine:
         return {"value": value if result.succeeded else result.results[0][0].value}
 
     async def _delete(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        key = prefix + b"e/" + _key(args)
-        if _consistency(args) == "eventual":
+        key = prefix + b"e/" + key_arg(args)
+        if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
             found = await replica.lookup(key) is not None
             replica.write(key, None)
@@ -755,8 +279,8 @@ class Engine:
         return {"found": await self.store.delete(key) > 0}
 
     async def _pop(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        key = prefix + b"e/" + _key(args)
-        if _consistency(args) == "eventual":
+        key = prefix + b"e/" + key_arg(args)
+        if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
             value = await replica.lookup(key)
             if value is not None:
@@ -767,7 +291,7 @@ class Engine:
         return {"found": value is not None, "value": value}
 
     async def _entries(self, prefix: bytes, args: dict[str, Any]) -> list[tuple[bytes, bytes]]:
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             found = await self._replica(prefix + b"e/").entries()
         else:
             kvs = await self.store.range(prefix + b"e/")
@@ -786,7 +310,7 @@ class Engine:
         return {"len": len(await self._entries(prefix, args))}
 
     async def _clear(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             self._replica(prefix + b"e/").clear()
         else:
             await self.store.delete(prefix + b"e/", prefix=True)
@@ -794,16 +318,16 @@ class Engine:
 
     # counter
 
-    def _counter(self, key: bytes) -> _Counter:
+    def _counter(self, key: bytes) -> StrongCounter:
         counter = self._counters.get(key)
         if counter is None:
-            counter = self._counters[key] = _Counter(self.store, key)
+            counter = self._counters[key] = StrongCounter(self.store, key)
         return counter
 
     async def _counter_add(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        n = _int(args, "n", 1)
+        n = int_arg(args, "n", 1)
         key = prefix + b"value"
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             replica = self._replica(key)
             replica.counter_write(n, reset=False)
             return {"value": await replica.counter_value(key)}
@@ -811,13 +335,13 @@ class Engine:
 
     async def _counter_get(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key = prefix + b"value"
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             return {"value": await self._replica(key).counter_value(key)}
-        return {"value": _counter_value(await self._gets.submit(key))}
+        return {"value": counter_value(await self._gets.submit(key))}
 
     async def _counter_reset(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key = prefix + b"value"
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             self._replica(key).counter_write(0, reset=True)
         else:
             revision = await self.store.put(key, b"0")
@@ -826,15 +350,15 @@ class Engine:
 
     # queue
 
-    def _queue(self, prefix: bytes) -> _Queue:
+    def _queue(self, prefix: bytes) -> StrongQueue:
         queue = self._queues.get(prefix)
         if queue is None:
-            queue = self._queues[prefix] = _Queue(self.store, prefix)
+            queue = self._queues[prefix] = StrongQueue(self.store, prefix)
         return queue
 
     async def _offer(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        value = _value(args)
-        if _consistency(args) == "eventual":
+        value = value_arg(args)
+        if consistency_arg(args) == "eventual":
             self._replica(prefix + b"q/", follow=False).offer(value)
         else:
             await self._queue(prefix).offers.submit(value)
@@ -844,7 +368,7 @@ class Engine:
         """Always a claim in etcd (exactly-once delivery needs agreement); eventual polls
         also take this replica's own offers that are not written yet."""
         value = await self._queue(prefix).polls.submit(None)
-        if value is None and _consistency(args) == "eventual":
+        if value is None and consistency_arg(args) == "eventual":
             replica = self._replicas.get(prefix + b"q/")
             if replica is not None and replica.offers:
                 value = replica.offers.pop(0)
@@ -852,7 +376,7 @@ class Engine:
         return {"found": value is not None, "value": value}
 
     async def _queue_len(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        if _consistency(args) == "eventual":
+        if consistency_arg(args) == "eventual":
             kvs = await self.store.range(prefix + b"q/", consistency="eventual")
             replica = self._replicas.get(prefix + b"q/")
             return {"len": len(kvs) + (len(replica.offers) if replica else 0)}
@@ -877,18 +401,18 @@ class Engine:
         generation was released with it first. Otherwise the answer carries the lease and
         generation for the next request of the same wait.
         """
-        parties = _int(args, "parties", lo=1, hi=MAX_PARTIES)
-        who = _id(args, "participant")
-        wait = _float(args, "timeout", self.max_wait)
+        parties = int_arg(args, "parties", lo=1, hi=MAX_PARTIES)
+        who = id_arg(args, "participant")
+        wait = float_arg(args, "timeout", self.max_wait)
         deadline = time.monotonic() + min(wait, self.max_wait)
         final = bool(args.get("final", True)) and wait <= self.max_wait
-        lease = _int(args, "lease", 0, lo=0)
-        generation = _int(args, "generation", -1, lo=-1)  # where this participant arrived
+        lease = int_arg(args, "lease", 0, lo=0)
+        generation = int_arg(args, "generation", -1, lo=-1)  # where this participant arrived
         await self._barrier_parties(prefix, parties)
         if not lease or await self.store.lease_keepalive(lease) <= 0:
             lease = await self.store.lease_grant(self.arrival_ttl)
         gen_key, slots = prefix + b"gen", prefix + b"s/"
-        changes: _Changes | None = None
+        changes: Changes | None = None
         refreshed = time.monotonic()
         mine: list[bytes] = []
         others = 0
@@ -898,7 +422,7 @@ class Engine:
                     [],
                     [Get(gen_key), Get(slots, prefix=True), Get(_released(prefix, generation))],
                 )
-                gen = _counter_value(snap.results[0][0]) if snap.results[0] else 0
+                gen = counter_value(snap.results[0][0]) if snap.results[0] else 0
                 taken = {kv.key: kv for kv in snap.results[1]}
                 if 0 <= generation < gen:
                     index = _released_index(snap.results[2], who)
@@ -926,7 +450,7 @@ class Engine:
                     if len(taken) >= parties and await self._barrier_release(prefix, gen, taken):
                         continue  # the next read finds the release record
                 if changes is None:
-                    changes = _Changes(self.store, prefix, snap.revision + 1)
+                    changes = Changes(self.store, prefix, snap.revision + 1)
                 now = time.monotonic()
                 if now >= deadline:
                     break
@@ -958,7 +482,7 @@ class Engine:
             [Compare(key, "version", "==", 0)], [Put(key, str(parties).encode())], [Get(key)]
         )
         if not result.succeeded:
-            have = _counter_value(result.results[0][0])
+            have = counter_value(result.results[0][0])
             if have != parties:
                 raise Conflict(
                     f"this barrier was created for {have} parties, not {parties}: use one "
@@ -989,16 +513,16 @@ class Engine:
     async def _lock_acquire(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Take the lock for ``owner`` with a lease of ``ttl`` seconds, waiting up to
         ``timeout`` (at most ``max_wait``). Retrying with the same owner is safe."""
-        owner = _id(args, "owner").encode()
-        ttl = _int(args, "ttl", 30, lo=1, hi=3600)
-        wait = _float(args, "timeout", self.max_wait)
+        owner = id_arg(args, "owner").encode()
+        ttl = int_arg(args, "ttl", 30, lo=1, hi=3600)
+        wait = float_arg(args, "timeout", self.max_wait)
         deadline = time.monotonic() + min(wait, self.max_wait)
         final = bool(args.get("final", True)) and wait <= self.max_wait
-        lease = _int(args, "lease", 0, lo=0)
+        lease = int_arg(args, "lease", 0, lo=0)
         if not lease or await self.store.lease_keepalive(lease) <= 0:
             lease = await self.store.lease_grant(ttl)
         holder = prefix + b"holder"
-        changes: _Changes | None = None
+        changes: Changes | None = None
         refreshed = time.monotonic()
         try:
             while True:
@@ -1021,7 +545,7 @@ class Engine:
                         "lease": current.lease,
                     }
                 if changes is None:
-                    changes = _Changes(self.store, holder, result.revision + 1)
+                    changes = Changes(self.store, holder, result.revision + 1)
                 now = time.monotonic()
                 if now >= deadline:
                     break
@@ -1038,11 +562,11 @@ class Engine:
         return {"acquired": False, "lease": lease}
 
     async def _lock_keepalive(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        ttl = await self.store.lease_keepalive(_int(args, "lease", lo=1))
+        ttl = await self.store.lease_keepalive(int_arg(args, "lease", lo=1))
         return {"alive": ttl > 0, "ttl": ttl}
 
     async def _lock_release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        await self.store.lease_revoke(_int(args, "lease", lo=1))
+        await self.store.lease_revoke(int_arg(args, "lease", lo=1))
         return {}
 
     # the eventual writes: buffered, then written in batches
@@ -1114,7 +638,7 @@ class Engine:
         replicas = list(self._dirty.values())
         self._dirty.clear()
         ops: list[Op] = []
-        owners: list[tuple[Replica, bytes, _Pending]] = []
+        owners: list[tuple[Replica, bytes, Buffered]] = []
         try:
             for replica in replicas:
                 if replica.clear_dirty and replica.cleared is not None:
@@ -1147,7 +671,7 @@ class Engine:
                     self._dirty[replica.prefix] = replica
             self.buffered = sum(r.backlog for r in self._dirty.values())
 
-    async def _write(self, ops: list[Op], owners: list[tuple[Replica, bytes, _Pending]]) -> None:
+    async def _write(self, ops: list[Op], owners: list[tuple[Replica, bytes, Buffered]]) -> None:
         """Puts and deletes are idempotent: a write that failed stays buffered and goes
         out again (the latest value of each key)."""
         result = await self.store.txn([], ops)
@@ -1167,7 +691,7 @@ class Engine:
         counter = self._counter(replica.prefix)
         if not step.reset:
             await counter.refresh()  # raises with nothing written: the add stays buffered
-        replica.counter = _CounterPending()
+        replica.counter = CounterPending()
         try:
             if step.reset:
                 revision = await self.store.put(replica.prefix, str(step.delta).encode())
@@ -1179,7 +703,7 @@ class Engine:
             if step.reset:  # a put is idempotent: buffer it again, merged with newer adds
                 newer = replica.counter
                 replica.counter = (
-                    newer if newer.reset else _CounterPending(True, step.delta + newer.delta)
+                    newer if newer.reset else CounterPending(True, step.delta + newer.delta)
                 )
                 raise
             self.stats.dropped += 1
@@ -1243,7 +767,7 @@ def _gen_is(key: bytes, gen: int) -> Compare:
     return Compare(key, "value", "==", str(gen).encode())
 
 
-def _idle(holder: _Counter | _Queue) -> bool:
-    if isinstance(holder, _Counter):
+def _idle(holder: StrongCounter | StrongQueue) -> bool:
+    if isinstance(holder, StrongCounter):
         return holder.combiner.idle
     return holder.offers.idle and holder.polls.idle

@@ -29,7 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
-from o41.collections.engine import CollectionError, Engine
+from o41.collections.checks import CollectionError
+from o41.collections.engine import Engine
 from o41.state import StoreUnavailable, open_store
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
