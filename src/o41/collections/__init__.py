@@ -4,10 +4,14 @@ Layers, each usable alone:
 
 - :mod:`o41.collections.keys` and :mod:`o41.collections.values`: how keys and values
   become bytes (the client does this; the service only ever sees opaque bytes);
+- :mod:`o41.collections.checks`: what a request may ask (names, keys, arguments) and the
+  refusals, with their HTTP status;
 - :mod:`o41.collections.engine`: the semantics over a :class:`o41.state.Store`, as the
-  placement service runs them (async, no HTTP);
-- :mod:`o41.collections.client`: the synchronous objects ``o41.sky`` hands out, over HTTP
-  or over an engine embedded in the process.
+  placement service runs them (async, no HTTP), with :mod:`~o41.collections.combining`
+  (strong operations that arrive together share a transaction) and
+  :mod:`~o41.collections.replica` (the eventual copy and its buffered writes);
+- :mod:`o41.collections.client`: the synchronous objects ``o41.sky`` hands out, over a
+  :mod:`~o41.collections.transport`: HTTP, or an engine embedded in the process.
 
 This package imports nothing heavy: pods import it through ``o41.sky``.
 """
