@@ -38,13 +38,25 @@ def new_version() -> str:
     return f"{int(time.time() * 1000):012x}-{secrets.token_hex(8)}"
 
 
+def _names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _dump(record: Any) -> bytes:
     """A flat record as compact JSON; ``dataclasses.asdict`` deep-copies every field,
     which cost a begin a fifth of its time."""
-    names = _FIELDS.get(type(record))
-    if names is None:
-        names = _FIELDS[type(record)] = tuple(f.name for f in fields(record))
-    return _COMPACT({n: getattr(record, n) for n in names}).encode()
+    return _COMPACT({n: getattr(record, n) for n in _names(type(record))}).encode()
+
+
+def _known(cls: type, raw: bytes) -> dict[str, Any]:
+    """The fields of ``cls`` in a stored record. Fields a newer replica added are left
+    out, so replicas of two versions can share the store during a rolling upgrade."""
+    data: dict[str, Any] = json.loads(raw)
+    names = _names(cls)
+    return {k: v for k, v in data.items() if k in names}
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -75,7 +87,7 @@ class Pending:
 
     @classmethod
     def load(cls, raw: bytes) -> Pending:
-        return cls(**json.loads(raw))
+        return cls(**_known(cls, raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,5 +110,4 @@ class Version:
 
     @classmethod
     def load(cls, raw: bytes) -> Version:
-        data: dict[str, Any] = json.loads(raw)
-        return cls(**data)
+        return cls(**_known(cls, raw))
