@@ -407,11 +407,13 @@ class S3Bucket:
         Every part but the last must be at least 5 MiB (S3's rule). With ``crc32`` (one
         base64 CRC32 per part) the upload is created with the CRC32 algorithm and each
         part's checksum header is signed into its URL: S3 refuses a part whose bytes
-        differ, and the object keeps a composite checksum."""
+        differ, and the object keeps a composite checksum. S3-compatible stores differ in
+        what they do with checksums, so there they are left out (parts checked by size)."""
         check_key(key)
         check_parts(parts)
         if crc32 is not None and len(crc32) != parts:
             raise ValueError(f"{len(crc32)} part checksums for {parts} parts")
+        crc32 = crc32 if self._part_checksums else None
         at = expires_at(expires)
         extra = {"ChecksumAlgorithm": "CRC32"} if crc32 is not None else {}
         try:
@@ -444,7 +446,7 @@ class S3Bucket:
         parts: list[dict[str, Any]] = [
             {"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)
         ]
-        if crc32 is not None:  # S3 needs them again for an upload created with CRC32
+        if crc32 is not None and self._part_checksums:  # again, as the upload was created
             for part, checksum in zip(parts, crc32, strict=True):
                 part["ChecksumCRC32"] = checksum
         try:
@@ -508,6 +510,11 @@ class S3Bucket:
             crc32c=head.get("ChecksumCRC32C"),
             crc32=head.get("ChecksumCRC32"),
         )
+
+    @property
+    def _part_checksums(self) -> bool:
+        """CRC32 part checksums on AWS only: its behaviour with them is documented."""
+        return self.ref.kind == "s3"
 
     @functools.cached_property
     def _object_base(self) -> str:
