@@ -89,7 +89,9 @@ class View:
     organizations: dict[str, OrganizationView] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # each organization's locations, sorted; every begin reads them, few events change them
-    _by_organization: dict[str, tuple[LocationView, ...]] = field(default_factory=dict)
+    _by_organization: dict[str, tuple[LocationView, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def put_location(self, location: LocationView) -> None:
         self.locations[location.name] = location
