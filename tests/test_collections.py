@@ -1,5 +1,6 @@
 """The collections through the real service: an aiohttp app on 127.0.0.1, called by the
-real client over HTTP, on a 3-member etcd (and on the embedded store: same semantics).
+real client over its WebSocket and by one POST per operation, on a 3-member etcd (and on
+the embedded store: same semantics).
 
 Every operation of every collection, in both consistencies; the spec's examples; many
 workers on one counter; a queue drained by concurrent pollers; barriers and locks;
@@ -54,9 +55,9 @@ def compute() -> str:
     return f"job-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def client(service: ServiceThread, compute: str) -> Client:
-    return service.client(compute=compute)
+@pytest.fixture(params=["websocket", "post"])
+def client(service: ServiceThread, compute: str, request: pytest.FixtureRequest) -> Client:
+    return service.client(compute=compute, websocket=request.param == "websocket")
 
 
 # every operation

@@ -36,6 +36,12 @@ class Tokens:
     async def review(self, token: str) -> auth.Caller | None:
         return self._callers.get(token)
 
+    def grant(self, token: str, namespace: str) -> None:
+        self._callers[token] = auth.Caller(namespace, "test")
+
+    def revoke(self, token: str) -> None:
+        del self._callers[token]
+
 
 TOKENS = {"token-a": "team-a", "token-b": "team-b"}
 
@@ -49,10 +55,15 @@ class ServiceThread:
         make_store: Callable[[], Store],
         options: routes.Options | None = None,
         tokens: dict[str, str] | None = None,
+        *,
+        port: int = 0,
+        middlewares: list[Any] | None = None,
     ) -> None:
         self._make_store = make_store
         self._options = options or routes.Options()
-        self._tokens = Tokens(tokens or TOKENS)
+        self.tokens = Tokens(tokens or TOKENS)
+        self._port = port
+        self._middlewares = middlewares or []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -65,14 +76,16 @@ class ServiceThread:
         return self
 
     async def _start(self) -> None:
-        app = web.Application(middlewares=[errors.json_errors, auth.middleware(self._tokens)])
+        app = web.Application(
+            middlewares=[errors.json_errors, *self._middlewares, auth.middleware(self.tokens)]
+        )
         app[STORE] = self._make_store()
         routes.setup(app, self._options)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        port = free_port()
+        port = self._port or free_port()
         await web.TCPSite(self._runner, LOOPBACK, port).start()
-        self.app, self.url = app, f"http://{LOOPBACK}:{port}"
+        self.app, self.port, self.url = app, port, f"http://{LOOPBACK}:{port}"
 
     @property
     def engine(self) -> Engine:
@@ -89,10 +102,14 @@ class ServiceThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    def client(self, token: str = "token-a", compute: str = "job-1") -> Client:
-        return Client(HttpTransport(self.url, token=token), compute)
+    def client(
+        self, token: str = "token-a", compute: str = "job-1", *, websocket: bool = True
+    ) -> Client:
+        return Client(HttpTransport(self.url, token=token, websocket=websocket), compute)
 
     def stop(self) -> None:
+        if self._loop.is_closed():
+            return  # stopped already
         if self._runner is not None:
             store = self.store
             self.run(self._runner.cleanup())

@@ -41,6 +41,12 @@ class Busy(CollectionError):
     status = 503
 
 
+class Unavailable(CollectionError):
+    """The state store cannot answer now (etcd without a majority)."""
+
+    status = 503
+
+
 def check_name(what: str, name: object) -> str:
     try:
         return keys.check_name(what, name)

@@ -1,7 +1,8 @@
 """How the collection objects reach the service: two transports, one behaviour.
 
 :class:`HttpTransport` talks to the placement service (standard library only, one
-keep-alive connection per thread); :class:`EmbeddedTransport` runs the service's own engine
+keep-alive connection per thread, a WebSocket when the service takes it);
+:class:`EmbeddedTransport` runs the service's own engine
 on the embedded store in a thread of this process (laptops, tests, demos). Refusals come
 back as the exceptions below, whichever transport carried the call.
 """
@@ -9,10 +10,13 @@ back as the exceptions below, whichever transport carried the call.
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import json
 import os
 import select
 import socket
+import struct
 import threading
 import time
 import urllib.parse
@@ -114,9 +118,23 @@ class Transport(Protocol):
 
 # over HTTP
 
+WS_PATH = "/v1/collections"
+RECONNECT = 4000  # the service's close code: the operation in flight was not run
+_WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455's
+_TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
+
+
+class _Closed(Exception):
+    """The service closed the WebSocket in place of an answer (``code``: why)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"closed by the service ({code} {reason})".strip())
+        self.code = code
+
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection, spoken directly on a socket.
+    """One keep-alive HTTP/1.1 connection, spoken directly on a socket, which may be
+    upgraded to a WebSocket (RFC 6455, client side: masked frames out, none compressed).
 
     ``http.client`` spends about as long building and parsing messages as a loopback
     round trip takes; the service's answers are small JSON with a Content-Length, so a
@@ -134,9 +152,11 @@ class _Connection:
         self.reader = sock.makefile("rb")
         self.used_at = time.monotonic()
         self.fresh = True
+        self.websocket = False
 
     def dropped(self) -> bool:
-        """The server closed this idle connection (readable before we asked: EOF)."""
+        """The server closed this idle connection (readable before we asked: EOF, or a
+        WebSocket's close)."""
         readable, _, _ = select.select([self.sock], [], [], 0)
         return bool(readable)
 
@@ -144,40 +164,112 @@ class _Connection:
         """Send ``request``; the answer's status, body and whether the connection stays."""
         self.fresh = False
         self.sock.sendall(request)
+        status, headers = self._head()
+        body, keep = self._body(headers)
+        self.used_at = time.monotonic()
+        return status, body, keep
+
+    def _head(self) -> tuple[int, dict[bytes, bytes]]:
         line = self.reader.readline(65537)
         if not line:
             raise ConnectionResetError("the service closed the connection")
         status = int(line.split(None, 2)[1])
-        length, chunked, keep = -1, False, True
+        headers: dict[bytes, bytes] = {}
         while True:
             header = self.reader.readline(65537)
             if header in (b"\r\n", b"\n", b""):
-                break
+                return status, headers
             name, _, value = header.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                keep = value.strip().lower() != b"close"
-        if chunked:
+            headers[name.strip().lower()] = value.strip()
+
+    def _body(self, headers: dict[bytes, bytes]) -> tuple[bytes, bool]:
+        keep = headers.get(b"connection", b"").lower() != b"close"
+        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
             body = b""
             while size := int(self.reader.readline(65537).split(b";")[0], 16):
                 body += self.reader.read(size)
                 self.reader.readline(65537)
             while self.reader.readline(65537) not in (b"\r\n", b"\n", b""):
                 pass  # trailers
-        elif length >= 0:
+            return body, keep
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
             body = self.reader.read(length)
             if len(body) < length:
                 raise ConnectionResetError("the service closed the connection mid-answer")
+            return body, keep
+        return self.reader.read(), False
+
+    # WebSocket
+
+    def upgrade(self, head: str) -> tuple[int, bytes]:
+        """Ask to speak WebSocket (``head``: the request line and headers, without the
+        upgrade's); 101 and no body when the service agreed, else its refusal."""
+        key = base64.b64encode(os.urandom(16))
+        self.sock.sendall(
+            head.encode() + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n\r\n"
+        )
+        status, headers = self._head()
+        if status != 101:
+            return status, self._body(headers)[0]
+        accept = base64.b64encode(hashlib.sha1(key + _WS_GUID).digest())  # noqa: S324 - RFC 6455
+        if headers.get(b"sec-websocket-accept") != accept:
+            raise ConnectionResetError("the WebSocket handshake's answer does not match")
+        self.websocket = True
+        return status, b""
+
+    def send(self, payload: bytes, opcode: int = _TEXT) -> None:
+        """One whole message, in one frame, masked as a client's must be."""
+        self.fresh = False
+        n = len(payload)
+        if n < 126:
+            head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+        elif n < 1 << 16:
+            head = struct.pack("!BBH", 0x80 | opcode, 0xFE, n)
         else:
-            body, keep = self.reader.read(), False
-        self.used_at = time.monotonic()
-        return status, body, keep
+            head = struct.pack("!BBQ", 0x80 | opcode, 0xFF, n)
+        mask = os.urandom(4)
+        pad = (mask * (n // 4 + 1))[:n]
+        masked = (int.from_bytes(payload, "big") ^ int.from_bytes(pad, "big")).to_bytes(n, "big")
+        self.sock.sendall(head + mask + masked)
+
+    def receive(self) -> bytes:
+        """The next data message (pings answered on the way); :class:`_Closed` if the
+        service closed the WebSocket instead."""
+        parts: list[bytes] = []
+        while True:
+            first, second = self._exactly(2)
+            if second & 0x80:
+                raise ConnectionResetError("the service sent a masked WebSocket frame")
+            n = second & 0x7F
+            if n == 126:
+                (n,) = struct.unpack("!H", self._exactly(2))
+            elif n == 127:
+                (n,) = struct.unpack("!Q", self._exactly(8))
+            data = self._exactly(n)
+            opcode = first & 0x0F
+            if opcode == _CLOSE:
+                code = struct.unpack("!H", data[:2])[0] if len(data) >= 2 else 1005
+                raise _Closed(code, data[2:].decode(errors="replace"))
+            if opcode == _PING:
+                self.send(data, _PONG)
+            elif opcode != _PONG:
+                parts.append(data)
+                if first & 0x80:  # the message's last frame
+                    self.used_at = time.monotonic()
+                    return b"".join(parts)
+
+    def _exactly(self, n: int) -> bytes:
+        data = self.reader.read(n)
+        if len(data) < n:
+            raise ConnectionResetError("the service closed the connection mid-answer")
+        return data
 
     def close(self) -> None:
+        if self.websocket:
+            with contextlib.suppress(OSError):
+                self.send(struct.pack("!H", 1000), _CLOSE)
         self.reader.close()
         self.sock.close()
 
@@ -185,7 +277,9 @@ class _Connection:
 class HttpTransport:
     """The placement service at ``endpoint``, authenticated by the pod's ServiceAccount
     token (``token``, or read from ``token_file``: by default ``$O41_ARTIFACTS_TOKEN_FILE``
-    or the mounted ServiceAccount token). One connection per thread, kept alive."""
+    or the mounted ServiceAccount token). One connection per thread, kept alive, upgraded
+    to a WebSocket (``websocket=True``, unless the service or a proxy on the way refuses:
+    then one POST per operation)."""
 
     def __init__(
         self,
@@ -194,6 +288,7 @@ class HttpTransport:
         token: str | None = None,
         token_file: str | None = None,
         timeout: float = HTTP_TIMEOUT,
+        websocket: bool = True,
     ) -> None:
         parts = urllib.parse.urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -208,6 +303,7 @@ class HttpTransport:
         self._token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
         self._token_read = (0.0, "")
         self._local = threading.local()
+        self.websocket = websocket  # turned off for good if the service refuses to upgrade
 
     def _bearer(self) -> str:
         if self._token is not None:
@@ -222,77 +318,143 @@ class HttpTransport:
             self._token_read = (time.monotonic(), token)
         return token
 
+    def _head(self, method: str, path: str) -> str:
+        token = self._bearer()
+        return f"{method} {self._base}{path} HTTP/1.1\r\nHost: {self._hostport}\r\n" + (
+            f"Authorization: Bearer {token}\r\n" if token else ""
+        )
+
     def _connection(self) -> _Connection:
         """This thread's connection; a new one if the last is gone or idle too long."""
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and (
             time.monotonic() - conn.used_at > IDLE_CONNECTION or conn.dropped()
         ):
-            conn.close()
+            self._drop(conn)
             conn = None
         if conn is None:
-            try:
-                conn = _Connection(self._host, self._port, self._https, self._timeout)
-            except OSError as e:
-                raise Unavailable(
-                    f"cannot reach the collections service at {self._hostport}: {e}"
-                ) from None
+            conn = self._open()
+            if self.websocket and not self._upgraded(conn):
+                conn = self._open()  # refused: POST from now on, on a fresh connection
             self._local.conn = conn
         return conn
+
+    def _open(self) -> _Connection:
+        try:
+            return _Connection(self._host, self._port, self._https, self._timeout)
+        except OSError as e:
+            raise Unavailable(
+                f"cannot reach the collections service at {self._hostport}: {e}"
+            ) from None
+
+    def _upgraded(self, conn: _Connection) -> bool:
+        """Whether the service took the WebSocket; if not because it does not speak it
+        here (an older service, a proxy that does not pass WebSockets), POST from now on."""
+        try:
+            status, body = conn.upgrade(self._head("GET", WS_PATH))
+        except (OSError, ValueError, IndexError) as e:
+            conn.close()
+            raise Unavailable(
+                f"the collections service at {self._hostport} did not answer "
+                f"({type(e).__name__}: {e})"
+            ) from None
+        if status == 101:
+            return True
+        conn.close()
+        if status in (401, 403) or status >= 500:
+            raise error_for(status, _message(status, body))
+        self.websocket = False
+        return False
+
+    def _exchange(
+        self, conn: _Connection, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+    ) -> tuple[int, Any, str]:
+        """One operation on ``conn``: the status, the result (200) or the error message."""
+        if conn.websocket:
+            message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
+            conn.send(json.dumps(message, separators=(",", ":")).encode())
+            answer = json.loads(conn.receive())
+            if not isinstance(answer, dict):
+                raise ValueError("the answer is not a JSON object")
+            status = answer.get("status", 0)
+            return status, answer.get("result"), str(answer.get("error") or f"status {status}")
+        body = json.dumps(args, separators=(",", ":")).encode()
+        status, data, keep = conn.exchange(
+            self._head("POST", f"/v1/collections/{compute}/{kind}/{name}/{op}").encode()
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        if not keep:
+            self._drop(conn)
+        if status != 200:
+            return status, None, _message(status, data)
+        return status, json.loads(data), ""
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._local.conn = None
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
-            conn.close()
-            self._local.conn = None
+            self._drop(conn)
 
     def call(
         self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
     ) -> dict[str, Any]:
         if isinstance(args.get("value"), bytes):
             args = {**args, "value": base64.b64encode(args["value"]).decode()}
-        body = json.dumps(args, separators=(",", ":")).encode()
-        token = self._bearer()
-        head = (
-            f"POST {self._base}/v1/collections/{compute}/{kind}/{name}/{op} HTTP/1.1\r\n"
-            f"Host: {self._hostport}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            + (f"Authorization: Bearer {token}\r\n" if token else "")
-            + "\r\n"
-        )
-        request = head.encode() + body
         retry_safe = op in _IDEMPOTENT and (kind, op) not in _NOT_IDEMPOTENT
-        for attempt in (1, 2):
+        for attempt in range(3):
             conn = self._connection()
             reused = not conn.fresh
             try:
-                status, data, keep = conn.exchange(request)
+                status, result, error = self._exchange(conn, compute, kind, name, op, args)
+            except _Closed as e:
+                self._drop(conn)
+                if e.code == 1009:
+                    raise InvalidRequest(
+                        "the operation is over the service's message size limit: "
+                        "send smaller values"
+                    ) from None
+                if e.code == RECONNECT:
+                    self._token_read = (0.0, "")  # perhaps for a new token: read it again
+                    continue  # not run: send it again, afresh
+                failure: Exception = e
             except (OSError, ValueError, IndexError) as e:
-                conn.close()
-                self._local.conn = None
-                if attempt == 1 and reused and retry_safe:
-                    continue  # a kept-alive connection that died: once more, afresh
-                raise Unavailable(
-                    f"the collections service at {self._hostport} did not answer "
-                    f"({type(e).__name__}: {e})"
-                    + ("" if retry_safe else "; the write may or may not have been applied")
-                ) from None
-            if not keep:
-                conn.close()
-                self._local.conn = None
-            if status != 200:
-                try:
-                    message = json.loads(data)["error"]
-                except (ValueError, KeyError, TypeError):
-                    message = data[:200].decode(errors="replace") or f"HTTP {status}"
-                raise error_for(status, message)
-            result: dict[str, Any] = json.loads(data)
-            if isinstance(result.get("value"), str):
-                result["value"] = base64.b64decode(result["value"])
-            if "items" in result:
-                result["items"] = [(k, base64.b64decode(v)) for k, v in result["items"]]
-            return result
-        raise AssertionError("unreachable")
+                self._drop(conn)
+                failure = e
+            else:
+                if status != 200:
+                    raise error_for(status, error)
+                return _decoded(result)
+            if attempt == 0 and reused and retry_safe:
+                continue  # a kept-alive connection that died: once more, afresh
+            raise Unavailable(
+                f"the collections service at {self._hostport} did not answer "
+                f"({type(failure).__name__}: {failure})"
+                + ("" if retry_safe else "; the write may or may not have been applied")
+            ) from None
+        raise Unavailable(
+            f"the collections service at {self._hostport} kept closing the connection "
+            "(restarting?): try again"
+        )
+
+
+def _message(status: int, body: bytes) -> str:
+    """The error message of a JSON refusal (or the start of any other body)."""
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode(errors="replace") or f"HTTP {status}"
+
+
+def _decoded(result: dict[str, Any]) -> dict[str, Any]:
+    """An answer with its values as bytes again."""
+    if isinstance(result.get("value"), str):
+        result["value"] = base64.b64decode(result["value"])
+    if "items" in result:
+        result["items"] = [(k, base64.b64decode(v)) for k, v in result["items"]]
+    return result
 
 
 # in this process

@@ -40,6 +40,21 @@ class TokenReviewer(Protocol):
     async def review(self, token: str) -> Caller | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """The token a request came with and who checks it: a connection that outlives the
+    request (a WebSocket) checks it again, so a revoked or expired token stops working."""
+
+    token: str
+    reviewer: TokenReviewer
+
+    async def check(self) -> Caller | None:
+        return await self.reviewer.review(self.token)
+
+
+CREDENTIAL: web.RequestKey[Credential] = web.RequestKey("credential", Credential)
+
+
 class KubernetesTokenReviewer:
     """TokenReview through the Kubernetes API, with a short cache."""
 
@@ -120,6 +135,7 @@ def middleware(reviewer: TokenReviewer, *, required: bool = True) -> Any:
                 "the token was not accepted: use a current ServiceAccount token of this cluster",
             )
         request[CALLER] = found
+        request[CREDENTIAL] = Credential(token, reviewer)
         return await handler(request)
 
     return authenticate

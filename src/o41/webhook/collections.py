@@ -1,14 +1,25 @@
-"""The distributed collections over HTTP: ``POST /v1/collections/{compute}/{kind}/{name}/{op}``.
+"""The distributed collections over HTTP, one operation per request or many over a WebSocket.
 
-The body is a JSON object of the operation's arguments (values base64, keys in their
-canonical text: see :mod:`o41.collections.keys`); the answer is a JSON object. The
-namespace is the authenticated caller's (its ServiceAccount token), never the request's:
-two namespaces with the same compute and collection names share nothing.
+``POST /v1/collections/{compute}/{kind}/{name}/{op}``: the body is a JSON object of the
+operation's arguments (values base64, keys in their canonical text: see
+:mod:`o41.collections.keys`); the answer is a JSON object.
 
-Refusals are JSON errors: 400 bad name, key or argument; 409 a barrier's parties differ;
-413 a value over the limit; 503 etcd cannot answer now (a write that failed this way may or
-may not have been applied) or too many eventual writes wait for etcd. Waits (barrier,
-lock) are bounded per request (``max_wait``, 25 s); the client comes back for more.
+``GET /v1/collections`` upgraded to a WebSocket carries the same operations without
+HTTP's cost per request (half the service's CPU per operation): each text message is
+``{"id", "compute", "kind", "name", "op", "args"}`` and is answered, in order, by
+``{"id", "status": 200, "result"}`` or ``{"id", "status", "error"}`` with the status the
+POST would have had. The token is checked at the upgrade and again every
+:data:`RECHECK` seconds. The service closes a WebSocket only between operations, with
+:data:`RECONNECT` (idle, token no longer accepted, shutting down): a close in place of an
+answer means the operation was not run, and the client sends it again on a new connection.
+
+The namespace is the authenticated caller's (its ServiceAccount token), never the
+request's: two namespaces with the same compute and collection names share nothing.
+
+Refusals: 400 bad name, key or argument; 409 a barrier's parties differ; 413 a value over
+the limit; 503 etcd cannot answer now (a write that failed this way may or may not have
+been applied) or too many eventual writes wait for etcd. Waits (barrier, lock) are bounded
+per request (``max_wait``, 25 s); the client comes back for more.
 
 ``python -m o41.webhook.collections`` serves the collections alone (tests, benchmarks),
 without authentication: everyone is ``--namespace``.
@@ -23,13 +34,14 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 
-from o41.collections.checks import CollectionError
+from o41.collections.checks import BadRequest, CollectionError, Unavailable
 from o41.collections.engine import Engine
 from o41.state import StoreUnavailable, open_store
 from o41.webhook import auth, errors
@@ -39,6 +51,11 @@ from o41.webhook.keys import STORE
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/collections/{compute}/{kind}/{name}/{op}"
+WS_ROUTE = "/v1/collections"
+RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's cache TTL)
+IDLE = 120.0  # seconds without a message before the service closes a WebSocket
+RECONNECT = 4000  # close code: the operation in flight, if any, was not run; send it again
+MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to spare
 
 
 @dataclass
@@ -63,10 +80,13 @@ class Options:
 
 @dataclass
 class Collections:
-    """The app's engine; made once the state store exists (at start-up)."""
+    """The app's engine (made once the state store exists, at start-up) and its open
+    WebSockets, each with whether it is running an operation now."""
 
     options: Options
     engine: Engine | None = field(default=None)
+    sockets: dict[web.WebSocketResponse, bool] = field(default_factory=dict)
+    closing: bool = False
 
 
 COLLECTIONS: web.AppKey[Collections] = web.AppKey("collections", Collections)
@@ -79,6 +99,16 @@ def setup(app: web.Application, options: Options | None = None) -> None:
     holder = Collections(options or Options.from_environment())
     app[COLLECTIONS] = holder
     app.router.add_post(ROUTE, handle)
+    app.router.add_get(WS_ROUTE, websocket)
+
+    async def shutdown(app: web.Application) -> None:
+        """Idle WebSockets close now; busy ones right after their answer."""
+        holder.closing = True
+        for ws, busy in list(holder.sockets.items()):
+            if not busy:
+                await ws.close(code=RECONNECT, message=b"the service is shutting down: reconnect")
+
+    app.on_shutdown.append(shutdown)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         o = holder.options
@@ -96,30 +126,137 @@ def setup(app: web.Application, options: Options | None = None) -> None:
 
 
 async def handle(request: web.Request) -> web.Response:
-    who = auth.caller(request)
-    engine = request.app[COLLECTIONS].engine
-    if engine is None:
-        raise problem(503, "the collections are starting: try again")
     body = await request.read()
     try:
         args = json.loads(body) if body else {}
     except (ValueError, UnicodeDecodeError):
         raise problem(400, "the body must be a JSON object of the operation's arguments") from None
+    m = request.match_info
+    try:
+        result = await perform(
+            _engine(request),
+            auth.caller(request).namespace,
+            m["compute"],
+            m["kind"],
+            m["name"],
+            m["op"],
+            args,
+        )
+    except CollectionError as e:
+        raise problem(e.status, str(e)) from None
+    return web.json_response(result)
+
+
+async def perform(
+    engine: Engine, namespace: str, compute: str, kind: str, name: str, op: str, args: object
+) -> dict[str, Any]:
+    """One operation of ``namespace``'s caller, as either route received it: its answer,
+    JSON-ready; a refusal raises :class:`CollectionError` with the status to answer."""
     if not isinstance(args, dict):
-        raise problem(400, "the body must be a JSON object of the operation's arguments")
+        raise BadRequest("the arguments must be a JSON object")
     if "value" in args:
         try:
             args["value"] = base64.b64decode(args["value"], validate=True)
         except (TypeError, ValueError, binascii.Error):
-            raise problem(400, "value must be base64 text") from None
-    m = request.match_info
+            raise BadRequest("value must be base64 text") from None
     try:
-        result = await engine.call(who.namespace, m["compute"], m["kind"], m["name"], m["op"], args)
-    except CollectionError as e:
-        raise problem(e.status, str(e)) from None
+        result = await engine.call(namespace, compute, kind, name, op, args)
     except StoreUnavailable as e:
-        raise problem(503, f"the state store cannot answer now: {e}") from None
-    return web.json_response(_encode(result))
+        raise Unavailable(f"the state store cannot answer now: {e}") from None
+    return _encode(result)
+
+
+def _engine(request: web.Request) -> Engine:
+    engine = request.app[COLLECTIONS].engine
+    if engine is None:
+        raise problem(503, "the collections are starting: try again")
+    return engine
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    """Operations over one WebSocket, one at a time, answered in order; see the module
+    docstring for the messages and when the service closes it."""
+    engine = _engine(request)
+    holder = request.app[COLLECTIONS]
+    credential = request[auth.CREDENTIAL]
+    who = auth.caller(request)
+    ws = web.WebSocketResponse(
+        max_msg_size=MAX_MESSAGE, receive_timeout=IDLE, compress=False, autoping=True
+    )
+    if not ws.can_prepare(request).ok:
+        raise problem(
+            400,
+            f"GET {WS_ROUTE} is the collections' WebSocket: send 'Upgrade: websocket', or POST "
+            "one operation to /v1/collections/{compute}/{kind}/{name}/{op}",
+        )
+    await ws.prepare(request)
+    holder.sockets[ws] = False
+    checked = time.monotonic()
+    why = b"the service is shutting down: reconnect"
+    try:
+        while not holder.closing:
+            try:
+                message = await ws.receive()
+            except TimeoutError:
+                why = b"idle: reconnect"
+                break
+            if message.type is WSMsgType.BINARY:
+                await ws.close(
+                    code=WSCloseCode.UNSUPPORTED_DATA, message=b"send operations as JSON text"
+                )
+                break
+            if message.type is not WSMsgType.TEXT or ws.closed:
+                break  # closed by the client, broken, or closing: not run, the client resends
+            holder.sockets[ws] = True  # from here until the answer is sent, nobody closes it
+            try:
+                if time.monotonic() - checked > RECHECK:
+                    if await credential.check() != who:
+                        why = b"the token is no longer accepted: reconnect with a current one"
+                        break
+                    checked = time.monotonic()
+                await ws.send_str(await _answer(engine, who.namespace, message.data))
+            finally:
+                holder.sockets[ws] = False
+    finally:
+        holder.sockets.pop(ws, None)
+        if not ws.closed:
+            await ws.close(code=RECONNECT, message=why)
+    return ws
+
+
+async def _answer(engine: Engine, namespace: str, data: str) -> str:
+    """The answer to one WebSocket message, refusals included (the socket stays open)."""
+    try:
+        message = json.loads(data)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        return json.dumps(
+            {
+                "id": None,
+                "status": 400,
+                "error": "each message must be a JSON object: id, compute, kind, name, op, args",
+            }
+        )
+    ident = message.get("id")
+    try:
+        compute, kind, name, op = (_text(message, f) for f in ("compute", "kind", "name", "op"))
+        result = await perform(engine, namespace, compute, kind, name, op, message.get("args", {}))
+    except CollectionError as e:
+        return json.dumps({"id": ident, "status": e.status, "error": str(e)})
+    except Exception:
+        log.exception("unexpected error on a collections WebSocket")
+        return json.dumps(
+            {"id": ident, "status": 500, "error": "internal error; it has been logged"}
+        )
+    return json.dumps({"id": ident, "status": 200, "result": result})
+
+
+def _text(message: dict[str, Any], what: str) -> str:
+    value = message.get(what)
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be text")
+    return value
 
 
 def _encode(result: dict[str, Any]) -> dict[str, Any]:

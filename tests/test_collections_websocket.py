@@ -1,0 +1,241 @@
+"""The collections' WebSocket: what the service answers to any message, when it closes a
+socket (idle, a token no longer accepted, shutting down) and how the client carries on:
+an operation the service did not run is sent again, once run it is never sent twice.
+Falls back to one POST per operation where the upgrade is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType, web
+
+from o41.collections.client import Client, HttpTransport, NotAllowed
+from o41.state.memory import MemoryStore
+from o41.webhook import collections as routes
+from o41.webhook.errors import problem
+from test_collections_support import ServiceThread
+
+from support import wait_for
+
+
+@pytest.fixture
+def service() -> Iterator[ServiceThread]:
+    running = ServiceThread(MemoryStore).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def transport_of(client: Client) -> HttpTransport:
+    transport = client.transport
+    assert isinstance(transport, HttpTransport)
+    return transport
+
+
+def test_operations_go_over_the_websocket_and_values_of_any_size_come_back(
+    service: ServiceThread,
+) -> None:
+    client = service.client()
+    d = client.dict("sizes")
+    # messages under 126 bytes, under 64 KiB and over: each of a frame's length encodings
+    values = {size: os.urandom(size) for size in (0, 20, 1_000, 40_000, 400_000)}
+    for size, value in values.items():
+        d[size] = value
+    assert {size: d[size] for size in values} == values
+    assert transport_of(client).websocket
+    assert service.app is not None and len(service.app[routes.COLLECTIONS].sockets) == 1
+
+
+async def exchange(url: str, *messages: str | bytes, token: str = "token-a") -> list[Any]:
+    """Send ``messages`` on one WebSocket; what came back: answers, then a close's code."""
+    got: list[Any] = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            url + routes.WS_ROUTE, headers={"Authorization": f"Bearer {token}"}
+        ) as ws,
+    ):
+        for message in messages:
+            if isinstance(message, bytes):
+                await ws.send_bytes(message)
+            else:
+                await ws.send_str(message)
+            answer = await ws.receive(timeout=30)
+            if answer.type is WSMsgType.TEXT:
+                got.append(json.loads(answer.data))
+            else:
+                got.append(("closed", ws.close_code, answer.extra))
+                break
+    return got
+
+
+def op(ident: object, **fields: Any) -> str:
+    return json.dumps(
+        {"id": ident, "compute": "job", "kind": "dict", "name": "d", "op": "get", **fields}
+    )
+
+
+def test_every_message_gets_a_clear_answer(service: ServiceThread) -> None:
+    answers = service.run(
+        exchange(
+            service.url,
+            "not json",
+            "[1, 2]",
+            op(1, compute=5),
+            op(2, args=[]),
+            op(3, args={"key": "sk", "value": "!!"}),
+            op(4, kind="tree"),
+            op(5, op="set", args={"key": "sk", "value": "aGk="}),
+            op(6, args={"key": "sk"}),
+            b"\x00binary",
+        )
+    )
+    assert answers[0] == {"id": None, "status": 400, "error": answers[0]["error"]}
+    assert "JSON object" in answers[0]["error"] and answers[1]["status"] == 400
+    assert answers[2] == {"id": 1, "status": 400, "error": "compute must be text"}
+    assert answers[3]["status"] == 400 and "arguments must be a JSON object" in answers[3]["error"]
+    assert answers[4]["status"] == 400 and "base64" in answers[4]["error"]
+    assert answers[5]["status"] == 400 and "unknown collection kind" in answers[5]["error"]
+    assert answers[6] == {"id": 5, "status": 200, "result": {}}
+    assert answers[7] == {"id": 6, "status": 200, "result": {"found": True, "value": "aGk="}}
+    assert answers[8] == ("closed", 1003, "send operations as JSON text")
+
+
+def test_a_message_over_the_limit_closes_the_socket(service: ServiceThread) -> None:
+    huge = op(1, args={"key": "sk", "pad": "x" * (routes.MAX_MESSAGE + 1)})
+    (answer,) = service.run(exchange(service.url, huge))
+    assert answer[:2] == ("closed", 1009)
+
+
+def test_the_upgrade_needs_a_token_and_says_how_to_use_the_route(service: ServiceThread) -> None:
+    async def get(headers: dict[str, str]) -> tuple[int, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(service.url + routes.WS_ROUTE, headers=headers) as response,
+        ):
+            return response.status, await response.json()
+
+    status, body = service.run(get({}))
+    assert status == 401 and "bearer token" in body["error"]
+    status, body = service.run(get({"Authorization": "Bearer token-a"}))
+    assert status == 400 and "Upgrade: websocket" in body["error"]
+    with pytest.raises(NotAllowed, match="not accepted"):
+        service.client(token="forged").counter("c").get()
+
+
+def test_a_revoked_token_stops_working_on_an_open_socket(
+    service: ServiceThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routes, "RECHECK", 0.0)  # check the token before every operation
+    client = service.client(token="token-a")
+    client.counter("c").add(5)
+    service.tokens.revoke("token-a")
+    with pytest.raises(NotAllowed, match="not accepted"):
+        client.counter("c").add(1)
+    service.tokens.grant("token-a2", "team-a")
+    assert service.client(token="token-a2").counter("c").get() == 5  # the refused add: not run
+
+
+def test_a_rotated_token_is_read_again_and_the_operation_runs_once(
+    service: ServiceThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(routes, "RECHECK", 0.0)
+    token_file = tmp_path / "token"
+    token_file.write_text("token-a\n")
+    client = Client(HttpTransport(service.url, token_file=str(token_file)), "job-1")
+    counter = client.counter("c")
+    assert counter.add(1) == 1
+    service.tokens.grant("token-a2", "team-a")  # the kubelet rotated the projected token
+    token_file.write_text("token-a2\n")
+    service.tokens.revoke("token-a")
+    assert counter.add(1) == 2  # closed unrun (4000), sent again with the new token: once
+    assert counter.get() == 2
+
+
+def test_the_client_falls_back_to_post_where_the_upgrade_is_refused() -> None:
+    posts: list[str] = []
+
+    @web.middleware
+    async def older_service(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path == routes.WS_ROUTE:
+            raise problem(404, "not found")  # as a service before the WebSocket answers
+        posts.append(request.path)
+        return await handler(request)
+
+    running = ServiceThread(MemoryStore, middlewares=[older_service]).start()
+    try:
+        client = running.client()
+        client.dict("d")["k"] = [1, 2]
+        assert client.dict("d")["k"] == [1, 2]
+        assert not transport_of(client).websocket
+        assert posts == ["/v1/collections/job-1/dict/d/set", "/v1/collections/job-1/dict/d/get"]
+    finally:
+        running.stop()
+
+
+def test_shutdown_closes_idle_sockets_and_answers_busy_ones_first(
+    service: ServiceThread,
+) -> None:
+    idle, busy = service.client(), service.client()
+    idle.dict("d")["k"] = "kept"
+    waited: list[object] = []
+
+    def wait() -> None:
+        try:
+            waited.append(busy.barrier("b", parties=2).wait(timeout=2))
+        except Exception as e:  # the outcome is what the test looks at
+            waited.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert service.app is not None
+    holder = service.app[routes.COLLECTIONS]
+    wait_for(lambda: any(holder.sockets.values()), 10, "the barrier wait in flight")
+    service.stop()  # graceful: the idle socket closes at once, the busy one after its answer
+    waiter.join(30)
+    assert len(waited) == 1 and isinstance(waited[0], TimeoutError), waited
+    assert not holder.sockets
+
+    again = ServiceThread(MemoryStore, port=service.port).start()  # the same address
+    try:
+        again.client().dict("d")["k"] = "new"  # a fresh client: fine
+        assert idle.dict("d")["k"] == "new"  # the idle one reconnects by itself
+    finally:
+        again.stop()
+
+
+async def test_the_client_answers_pings_while_it_waits(aiohttp_server: Any) -> None:
+    """A proxy or a newer service may ping; the client pongs and still gets its answer."""
+    pongs: list[bytes] = []
+
+    async def pinging(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type is WSMsgType.TEXT:
+                await ws.ping(b"are you there")
+                pong = await ws.receive(timeout=10)
+                pongs.append(pong.data if pong.type is WSMsgType.PONG else b"not a pong")
+                await ws.send_str(json.dumps({"status": 200, "result": {"value": 7}}))
+        return ws
+
+    app = web.Application()
+    app.router.add_get(routes.WS_ROUTE, pinging)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    transport = HttpTransport(str(server.make_url("/")), token="t")
+    try:  # the client blocks: in a thread, while this loop serves
+        answer = await asyncio.to_thread(transport.call, "job", "counter", "c", "get", {})
+    finally:
+        await asyncio.to_thread(transport.close)
+    assert answer == {"value": 7} and pongs == [b"are you there"]
