@@ -2,16 +2,20 @@
 
 Starts a 3-member etcd and the collections service (a process of its own, on 127.0.0.1),
 then prints, for 1 and 16 concurrent workers: p50/p99 latency and throughput of
-- raw etcd puts and gets (aetcd, the service's own client library, connected to the leader:
-  the ceiling);
-- strong and eventual dict writes and reads, and counter adds, through the service (HTTP
-  client of o41.sky, one keep-alive connection per worker thread);
+- raw etcd puts and gets (aetcd, whose gRPC stubs the service's store uses, connected to
+  the leader: the ceiling);
+- strong and eventual dict writes and reads, and counter adds, through the service (the
+  o41.sky client over its WebSocket, one connection per worker thread);
 and checks the targets: strong p50 <= 1.5x raw; eventual p50 <= 1/3 of strong; 16 workers
-adding to one counter at least at the raw sequential put rate. For reference it also times
-raw calls paced 0.3 ms apart: a service's etcd calls are never back to back (an HTTP round
-trip apart), and an idle etcd and gRPC take longer to answer.
+adding to one counter at least at the raw sequential put rate.
 
-    .venv/bin/python bench/sky_collections.py [--ops 2000] [--workers 16]
+Every measurement is made in ``--rounds`` slices, one round after the other, and pooled:
+on a shared machine a slow minute then weighs on raw etcd and the service alike. The ratio
+of each round is printed too. For reference it also times raw calls paced 0.3 ms apart: a
+service's etcd calls are never back to back (a round trip from its client apart), and an
+idle etcd and gRPC take longer to answer.
+
+    .venv/bin/python bench/sky_collections.py [--ops 3000] [--workers 16] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +57,12 @@ class Result:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * 1000
 
+    @classmethod
+    def merged(cls, parts: Sequence[Result]) -> Result:
+        """One measurement made of several, as if made at once."""
+        latencies = [x for p in parts for x in p.latencies]
+        return cls(parts[0].name, parts[0].workers, latencies, sum(p.elapsed for p in parts))
+
     @property
     def p50(self) -> float:
         return self.pct(50)
@@ -68,19 +78,36 @@ class Result:
         )
 
 
+Measure = Callable[[int], Result]  # ops -> one measurement of that many operations
+
+
 # raw etcd: aetcd, as the service uses it, on the leader
 
 
-async def raw_etcd(endpoint: str, ops: int, workers: int) -> list[Result]:
-    host, port = endpoint.removeprefix("http://").split(":")
-    results = []
-    async with aetcd.Client(host=host, port=int(port), timeout=5) as etcd:
-        for i in range(50):  # warm the channel
-            await etcd.put(b"/bench/raw/warm/%d" % i, VALUE)
+class RawEtcd:
+    """aetcd on its own event loop, kept between measurements (one channel, warm)."""
 
-        async def run(
-            name: str, n: int, op: Callable[[int, int], Awaitable[object]], pace: float = 0
-        ) -> Result:
+    def __init__(self, endpoint: str) -> None:
+        host, port = endpoint.removeprefix("http://").split(":")
+        self.loop = asyncio.new_event_loop()
+        self.etcd = aetcd.Client(host=host, port=int(port), timeout=5)
+        self.loop.run_until_complete(self._warm())
+
+    async def _warm(self) -> None:
+        await self.etcd.connect()
+        for i in range(50):
+            await self.etcd.put(b"/bench/raw/warm/%d" % i, VALUE)
+
+    def measure(self, name: str, n: int, op: str, pace: float = 0) -> Measure:
+        async def put(w: int, i: int) -> object:
+            return await self.etcd.put(b"/bench/raw/%d/%d" % (w, i), VALUE)
+
+        async def get(w: int, i: int) -> object:
+            return await self.etcd.get(b"/bench/raw/%d/%d" % (w, i))
+
+        call = put if op == "put" else get
+
+        async def run(ops: int) -> Result:
             latencies: list[float] = []
 
             async def worker(w: int) -> None:
@@ -88,93 +115,106 @@ async def raw_etcd(endpoint: str, ops: int, workers: int) -> list[Result]:
                     if pace:
                         time.sleep(pace)  # noqa: ASYNC251 - idle time between calls, on purpose
                     started = time.perf_counter()
-                    await op(w, i)
+                    await call(w, i)
                     latencies.append(time.perf_counter() - started)
 
             started = time.perf_counter()
             await asyncio.gather(*(worker(w) for w in range(n)))
             return Result(name, n, latencies, time.perf_counter() - started)
 
-        async def put(w: int, i: int) -> object:
-            return await etcd.put(b"/bench/raw/%d/%d" % (w, i), VALUE)
+        return lambda ops: self.loop.run_until_complete(run(ops))
 
-        async def get(w: int, i: int) -> object:
-            return await etcd.get(b"/bench/raw/%d/%d" % (w, i))
-
-        for n in (1, workers):
-            results.append(await run("raw etcd put", n, put))
-            results.append(await run("raw etcd get", n, get))
-        # not back to back: 0.3 ms idle between calls, as a service's calls are (an HTTP
-        # round trip apart); etcd and gRPC then wake from idle on every call
-        results.append(await run("raw etcd put, paced", 1, put, PACE))
-        results.append(await run("raw etcd get, paced", 1, get, PACE))
-    return results
+    def close(self) -> None:
+        self.loop.run_until_complete(self.etcd.close())
+        self.loop.close()
 
 
 # the service, from threads as pods would call it
 
 
-def through_service(url: str, ops: int, workers: int) -> list[Result]:
-    def client() -> Client:
-        return Client(HttpTransport(url, token="bench"), "bench")
+class Service:
+    """The o41.sky client (its WebSocket, one connection per worker thread)."""
 
-    def run(name: str, n: int, op: Callable[[Client, int, int], object]) -> Result:
-        latencies: list[float] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(n)
+    def __init__(self, url: str) -> None:
+        self.url = url
 
-        def worker(w: int) -> None:
-            c = client()
-            op(c, w, -1)  # connect, load the replica's copy
-            mine = []
-            barrier.wait()
-            for i in range(ops // n):
-                started = time.perf_counter()
-                op(c, w, i)
-                mine.append(time.perf_counter() - started)
-            with lock:
-                latencies.extend(mine)
+    def measure(self, name: str, n: int, op: Callable[[Client, int, int], object]) -> Measure:
+        clients = [Client(HttpTransport(self.url, token="bench"), "bench") for _ in range(n)]
 
-        started = time.perf_counter()
-        with ThreadPoolExecutor(n) as pool:
-            list(pool.map(worker, range(n)))
-        return Result(name, n, latencies, time.perf_counter() - started)
+        def run(ops: int) -> Result:
+            latencies: list[float] = []
+            lock = threading.Lock()
+            barrier = threading.Barrier(n)
 
-    def dict_set(consistency: str) -> Callable[[Client, int, int], object]:
-        def op(c: Client, w: int, i: int) -> None:
-            c.dict("bench", consistency)[f"{w}-{i % 500}"] = VALUE  # type: ignore[arg-type]
+            def worker(w: int) -> None:
+                c = clients[w]
+                op(c, w, -1)  # connect, load the replica's copy
+                mine = []
+                barrier.wait()
+                for i in range(ops // n):
+                    started = time.perf_counter()
+                    op(c, w, i)
+                    mine.append(time.perf_counter() - started)
+                with lock:
+                    latencies.extend(mine)
 
-        return op
+            started = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(worker, range(n)))
+            return Result(name, n, latencies, time.perf_counter() - started)
 
-    def dict_get(consistency: str) -> Callable[[Client, int, int], object]:
-        def op(c: Client, w: int, i: int) -> object:
-            return c.dict("bench", consistency).get(f"{w}-{i % 500}")  # type: ignore[arg-type]
+        return run
 
-        return op
 
-    def counter_add(consistency: str, shared: bool) -> Callable[[Client, int, int], object]:
-        def op(c: Client, w: int, i: int) -> object:
-            name = "hot" if shared else f"own-{w}"
-            return c.counter(name, consistency).add(1)  # type: ignore[arg-type]
+def dict_set(consistency: str) -> Callable[[Client, int, int], object]:
+    def op(c: Client, w: int, i: int) -> None:
+        c.dict("bench", consistency)[f"{w}-{i % 500}"] = VALUE  # type: ignore[arg-type]
 
-        return op
+    return op
 
-    results = []
+
+def dict_get(consistency: str) -> Callable[[Client, int, int], object]:
+    def op(c: Client, w: int, i: int) -> object:
+        return c.dict("bench", consistency).get(f"{w}-{i % 500}")  # type: ignore[arg-type]
+
+    return op
+
+
+def counter_add(consistency: str) -> Callable[[Client, int, int], object]:
+    def op(c: Client, w: int, i: int) -> object:
+        return c.counter("hot", consistency).add(1)  # type: ignore[arg-type]
+
+    return op
+
+
+def measurements(raw: RawEtcd, service: Service, workers: int) -> list[Measure]:
+    """Every measurement, in the order of one round."""
+    found: list[Measure] = []
     for n in (1, workers):
+        found += [raw.measure("raw etcd put", n, "put"), raw.measure("raw etcd get", n, "get")]
         for consistency in ("strong", "eventual"):
-            results.append(run(f"dict set {consistency}", n, dict_set(consistency)))
-            results.append(run(f"dict get {consistency}", n, dict_get(consistency)))
+            found += [
+                service.measure(f"dict set {consistency}", n, dict_set(consistency)),
+                service.measure(f"dict get {consistency}", n, dict_get(consistency)),
+            ]
         for consistency in ("strong", "eventual"):
-            results.append(
-                run(f"counter add {consistency} (one)", n, counter_add(consistency, shared=True))
+            found.append(
+                service.measure(f"counter add {consistency} (one)", n, counter_add(consistency))
             )
-    return results
+    # not back to back: 0.3 ms idle between calls, as a service's calls are (a round trip
+    # from its client apart); etcd and gRPC then wake from idle on every call
+    found += [
+        raw.measure("raw etcd put, paced", 1, "put", PACE),
+        raw.measure("raw etcd get, paced", 1, "get", PACE),
+    ]
+    return found
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--ops", type=int, default=2000, help="operations per measurement")
+    parser.add_argument("--ops", type=int, default=3000, help="operations per measurement")
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5, help="measurements interleave")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="o41-bench-") as tmp:
@@ -194,27 +234,43 @@ def main() -> int:
             log=Path(tmp) / "service.log",
             env={"PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")},
         )
+        raw: RawEtcd | None = None
         try:
             service.start().wait_ready(lambda: port_open(port), timeout=60)
             leader = cluster.endpoints[cluster.leader()]
             print(f"etcd: 3 members on {LOOPBACK}, leader {leader}; {os.cpu_count()} CPUs")
-            print(f"{'':<28} {'workers':>7} {'p50 ms':>9} {'p99 ms':>9} {'ops/s':>10}")
-            raw = asyncio.run(raw_etcd(leader, args.ops, args.workers))
-            for r in raw:
-                print(r.line())
-            mine = through_service(f"http://{LOOPBACK}:{port}", args.ops, args.workers)
-            for r in mine:
-                print(r.line())
+            raw = RawEtcd(leader)
+            each = measurements(raw, Service(f"http://{LOOPBACK}:{port}"), args.workers)
+            rounds = [[m(args.ops // args.rounds) for m in each] for _ in range(args.rounds)]
         finally:
+            if raw is not None:
+                raw.close()
             service.stop()
             cluster.stop()
 
-    by = {(r.name, r.workers): r for r in raw + mine}
+    results = [Result.merged(column) for column in zip(*rounds, strict=True)]
+    print(
+        f"{args.rounds} rounds of every measurement, one after the other, pooled "
+        "(so both sides of each ratio see the same moments of a shared machine)"
+    )
+    print(f"{'':<28} {'workers':>7} {'p50 ms':>9} {'p99 ms':>9} {'ops/s':>10}")
+    for r in results:
+        print(r.line())
+    by = {(r.name, r.workers): r for r in results}
+    by_round = [{(r.name, r.workers): r for r in column} for column in rounds]
 
     def ratio(a: str, b: str, n: int = 1) -> float:
         return by[(a, n)].p50 / by[(b, n)].p50
 
+    def spread(a: str, b: str) -> str:
+        each = sorted(r[(a, 1)].p50 / r[(b, 1)].p50 for r in by_round)
+        return f"{each[0]:.2f}-{each[-1]:.2f}"
+
     print()
+    print(
+        f"round by round: strong set / raw put {spread('dict set strong', 'raw etcd put')}, "
+        f"strong get / raw get {spread('dict get strong', 'raw etcd get')}"
+    )
     checks = [
         ("strong set p50 / raw put p50", ratio("dict set strong", "raw etcd put"), "<= 1.5"),
         ("strong get p50 / raw get p50", ratio("dict get strong", "raw etcd get"), "<= 1.5"),

@@ -225,3 +225,50 @@ async def test_a_wait_longer_than_max_wait_is_not_final() -> None:
     )
     assert mine == {"released": True, "index": 0}
     await engine.close()
+
+
+class SlowAfterArrival(MemoryStore):
+    """The embedded store; the last participant's arrival answers only once another
+    participant has released the generation (a slow answer while the others, woken by
+    the watch, run ahead)."""
+
+    def __init__(self, late: str) -> None:
+        super().__init__()
+        self.late: bytes | None = late.encode()
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        result = await super().txn(compare, success, failure)
+        late = self.late is not None and any(getattr(op, "value", 0) == self.late for op in success)
+        if result.succeeded and late:
+            self.late = None  # its first arrival only
+            gen = next(op.key for op in success).rsplit(b"/s/", 1)[0] + b"/gen"
+            before = await super().get(gen)
+            await until(lambda: self._moved(gen, before), "the release by another participant")
+        return result
+
+    async def _moved(self, key: bytes, before: Any) -> bool:
+        return await super().get(key) != before
+
+
+async def test_an_arrival_released_before_it_reads_again_is_released() -> None:
+    engine = Engine(SlowAfterArrival(late="p3"))
+    first = [
+        asyncio.ensure_future(
+            call(engine, "barrier", "b", "wait", parties=3, participant=p, timeout=5)
+        )
+        for p in ("p1", "p2")
+    ]
+    slots = b"/o41/collections/ns/job/barrier/b/s/"
+
+    async def two_arrived() -> bool:
+        return len(await engine.store.range(slots)) == 2
+
+    await until(two_arrived, "two arrivals")
+    late = await call(engine, "barrier", "b", "wait", parties=3, participant="p3", timeout=5)
+    assert late["released"], late  # not a second arrival in the next generation
+    indexes = sorted([late["index"], *[(await f)["index"] for f in first]])
+    assert indexes == [0, 1, 2]
+    assert await engine.store.range(slots) == []  # nobody left waiting in the next generation
+    await engine.close()

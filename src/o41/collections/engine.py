@@ -437,12 +437,15 @@ class Engine:
                     if free:
                         slot = slots + b"%06d" % free[0]
                         try:
-                            await self.store.txn(
+                            arrival = await self.store.txn(
                                 [_gen_is(gen_key, gen), Compare(slot, "version", "==", 0)],
                                 [Put(slot, who.encode(), lease=lease)],
                             )
                         except LeaseNotFound:
                             lease = await self.store.lease_grant(self.arrival_ttl)
+                        else:
+                            if arrival.succeeded:  # in ``gen``, even if it is released
+                                generation = gen  # before the next read: look there first
                         continue  # read again: arrived, or lost the race for that slot
                     # a full generation (others are being released): wait for the next
                 else:
