@@ -14,7 +14,7 @@ import pytest
 from o41.collections.checks import Busy, collection_prefix
 from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
-from o41.state import Compare, Op, StoreUnavailable, TxnResult
+from o41.state import Compare, KeyValue, Op, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore
 
 
@@ -248,7 +248,7 @@ class SlowAfterArrival(MemoryStore):
             await until(lambda: self._moved(gen, before), "the release by another participant")
         return result
 
-    async def _moved(self, key: bytes, before: Any) -> bool:
+    async def _moved(self, key: bytes, before: KeyValue | None) -> bool:
         return await super().get(key) != before
 
 
