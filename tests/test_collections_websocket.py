@@ -161,6 +161,23 @@ def test_a_rotated_token_is_read_again_and_the_operation_runs_once(
     assert counter.get() == 2
 
 
+def test_an_idle_socket_is_closed_and_the_client_reconnects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(routes, "IDLE", 0.2)  # looked at every 0.05 s
+    running = ServiceThread(MemoryStore).start()
+    try:
+        client = running.client()
+        client.counter("c").add(1)
+        assert running.app is not None
+        sockets = running.app[routes.COLLECTIONS].sockets
+        wait_for(lambda: not sockets, 10, "the idle socket closed")
+        assert client.counter("c").add(1) == 2  # on a new socket, once
+        assert len(sockets) == 1
+    finally:
+        running.stop()
+
+
 def test_the_client_falls_back_to_post_where_the_upgrade_is_refused() -> None:
     posts: list[str] = []
 
@@ -201,7 +218,8 @@ def test_shutdown_closes_idle_sockets_and_answers_busy_ones_first(
     waiter.start()
     assert service.app is not None
     holder = service.app[routes.COLLECTIONS]
-    wait_for(lambda: any(holder.sockets.values()), 10, "the barrier wait in flight")
+    in_flight = lambda: any(since is None for since in holder.sockets.values())  # noqa: E731
+    wait_for(in_flight, 10, "the barrier wait in flight")
     service.stop()  # graceful: the idle socket closes at once, the busy one after its answer
     waiter.join(30)
     assert len(waited) == 1 and isinstance(waited[0], TimeoutError), waited

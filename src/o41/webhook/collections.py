@@ -28,6 +28,7 @@ without authentication: everyone is ``--namespace``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import binascii
 import json
@@ -81,12 +82,20 @@ class Options:
 @dataclass
 class Collections:
     """The app's engine (made once the state store exists, at start-up) and its open
-    WebSockets, each with whether it is running an operation now."""
+    WebSockets, each with when it last answered (None while it runs an operation)."""
 
     options: Options
     engine: Engine | None = field(default=None)
-    sockets: dict[web.WebSocketResponse, bool] = field(default_factory=dict)
+    sockets: dict[web.WebSocketResponse, float | None] = field(default_factory=dict)
     closing: bool = False
+
+    async def close_idle(self, idle_for: float, why: bytes) -> None:
+        """Close the WebSockets that have been idle ``idle_for`` seconds: between two
+        operations, so that the client knows its next one was not run."""
+        now = time.monotonic()
+        for ws, since in list(self.sockets.items()):
+            if since is not None and now - since >= idle_for:
+                await ws.close(code=RECONNECT, message=why)
 
 
 COLLECTIONS: web.AppKey[Collections] = web.AppKey("collections", Collections)
@@ -104,11 +113,16 @@ def setup(app: web.Application, options: Options | None = None) -> None:
     async def shutdown(app: web.Application) -> None:
         """Idle WebSockets close now; busy ones right after their answer."""
         holder.closing = True
-        for ws, busy in list(holder.sockets.items()):
-            if not busy:
-                await ws.close(code=RECONNECT, message=b"the service is shutting down: reconnect")
+        await holder.close_idle(0, b"the service is shutting down: reconnect")
 
     app.on_shutdown.append(shutdown)
+
+    async def sweep() -> None:
+        """Close WebSockets idle for :data:`IDLE` (a client that vanished without closing
+        leaves one); cheaper than a timeout on every receive."""
+        while True:
+            await asyncio.sleep(IDLE / 4)
+            await holder.close_idle(IDLE, b"idle: reconnect")
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         o = holder.options
@@ -119,7 +133,9 @@ def setup(app: web.Application, options: Options | None = None) -> None:
             max_buffer=o.max_buffer,
             max_wait=o.max_wait,
         )
+        sweeper = asyncio.get_running_loop().create_task(sweep())
         yield
+        sweeper.cancel()
         await holder.engine.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -180,9 +196,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     holder = request.app[COLLECTIONS]
     credential = request[auth.CREDENTIAL]
     who = auth.caller(request)
-    ws = web.WebSocketResponse(
-        max_msg_size=MAX_MESSAGE, receive_timeout=IDLE, compress=False, autoping=True
-    )
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False, autoping=True)
     if not ws.can_prepare(request).ok:
         raise problem(
             400,
@@ -190,16 +204,11 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             "one operation to /v1/collections/{compute}/{kind}/{name}/{op}",
         )
     await ws.prepare(request)
-    holder.sockets[ws] = False
-    checked = time.monotonic()
+    holder.sockets[ws] = checked = time.monotonic()
     why = b"the service is shutting down: reconnect"
     try:
         while not holder.closing:
-            try:
-                message = await ws.receive()
-            except TimeoutError:
-                why = b"idle: reconnect"
-                break
+            message = await ws.receive()
             if message.type is WSMsgType.BINARY:
                 await ws.close(
                     code=WSCloseCode.UNSUPPORTED_DATA, message=b"send operations as JSON text"
@@ -207,7 +216,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                 break
             if message.type is not WSMsgType.TEXT or ws.closed:
                 break  # closed by the client, broken, or closing: not run, the client resends
-            holder.sockets[ws] = True  # from here until the answer is sent, nobody closes it
+            holder.sockets[ws] = None  # from here until the answer is sent, nobody closes it
             try:
                 if time.monotonic() - checked > RECHECK:
                     if await credential.check() != who:
@@ -216,7 +225,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                     checked = time.monotonic()
                 await ws.send_str(await _answer(engine, who.namespace, message.data))
             finally:
-                holder.sockets[ws] = False
+                holder.sockets[ws] = time.monotonic()
     finally:
         holder.sockets.pop(ws, None)
         if not ws.closed:
