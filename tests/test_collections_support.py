@@ -32,8 +32,11 @@ class Tokens:
 
     def __init__(self, namespaces: dict[str, str]) -> None:
         self._callers = {t: auth.Caller(ns, "test") for t, ns in namespaces.items()}
+        self.down = False  # as the API server's TokenReview when it cannot answer
 
     async def review(self, token: str) -> auth.Caller | None:
+        if self.down:
+            raise ConnectionRefusedError("the API server did not answer the TokenReview")
         return self._callers.get(token)
 
     def grant(self, token: str, namespace: str) -> None:
@@ -58,12 +61,14 @@ class ServiceThread:
         *,
         port: int = 0,
         middlewares: list[Any] | None = None,
+        shutdown_timeout: float = 60.0,
     ) -> None:
         self._make_store = make_store
         self._options = options or routes.Options()
         self.tokens = Tokens(tokens or TOKENS)
         self._port = port
         self._middlewares = middlewares or []
+        self._shutdown_timeout = shutdown_timeout
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -81,7 +86,7 @@ class ServiceThread:
         )
         app[STORE] = self._make_store()
         routes.setup(app, self._options)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout)
         await self._runner.setup()
         port = self._port or free_port()
         await web.TCPSite(self._runner, LOOPBACK, port).start()

@@ -17,7 +17,13 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
-from o41.collections.client import Client, HttpTransport, NotAllowed
+from o41.collections.client import (
+    Client,
+    CollectionError,
+    HttpTransport,
+    NotAllowed,
+    Unavailable,
+)
 from o41.state.memory import MemoryStore
 from o41.webhook import collections as routes
 from o41.webhook.errors import problem
@@ -145,6 +151,49 @@ def test_a_revoked_token_stops_working_on_an_open_socket(
     assert service.client(token="token-a2").counter("c").get() == 5  # the refused add: not run
 
 
+def test_a_token_that_cannot_be_checked_again_closes_the_socket_unrun(
+    service: ServiceThread, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(routes, "RECHECK", 0.0)
+    client = service.client()
+    client.counter("c").add(5)
+    service.tokens.down = True
+    with pytest.raises(CollectionError, match="internal error") as refused:
+        client.counter("c").add(1)  # closed unrun; the upgrade again: a 500, logged
+    assert refused.value.status == 500
+    assert "checking a WebSocket's token again failed" in caplog.text
+    service.tokens.down = False
+    assert client.counter("c").get() == 5
+
+
+def test_a_client_that_leaves_mid_operation_is_no_error(
+    service: ServiceThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def leave_mid_wait() -> None:
+        message = op(
+            1,
+            kind="barrier",
+            name="b",
+            op="wait",
+            args={"parties": 2, "participant": "p", "timeout": 0.5},
+        )
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                service.url + routes.WS_ROUTE, headers={"Authorization": "Bearer token-a"}
+            ) as ws,
+        ):
+            await ws.send_str(message)
+        # gone before the answer: the service's send finds the socket closed
+
+    service.run(leave_mid_wait())
+    assert service.app is not None
+    sockets = service.app[routes.COLLECTIONS].sockets
+    wait_for(lambda: not sockets, 10, "the handler done")
+    assert service.client().counter("c").add(1) == 1  # the service carries on
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
 def test_a_rotated_token_is_read_again_and_the_operation_runs_once(
     service: ServiceThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -201,6 +250,11 @@ def test_the_client_falls_back_to_post_where_the_upgrade_is_refused() -> None:
         running.stop()
 
 
+def arrived(service: ServiceThread) -> bool:
+    """Whether a participant waits at barrier ``b`` of job-1 (its operation is running)."""
+    return bool(service.run(service.store.range(b"/o41/collections/team-a/job-1/barrier/b/s/")))
+
+
 def test_shutdown_closes_idle_sockets_and_answers_busy_ones_first(
     service: ServiceThread,
 ) -> None:
@@ -216,14 +270,11 @@ def test_shutdown_closes_idle_sockets_and_answers_busy_ones_first(
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    assert service.app is not None
-    holder = service.app[routes.COLLECTIONS]
-    in_flight = lambda: any(since is None for since in holder.sockets.values())  # noqa: E731
-    wait_for(in_flight, 10, "the barrier wait in flight")
+    wait_for(lambda: arrived(service), 10, "the barrier wait in flight")
     service.stop()  # graceful: the idle socket closes at once, the busy one after its answer
     waiter.join(30)
     assert len(waited) == 1 and isinstance(waited[0], TimeoutError), waited
-    assert not holder.sockets
+    assert service.app is not None and not service.app[routes.COLLECTIONS].sockets
 
     again = ServiceThread(MemoryStore, port=service.port).start()  # the same address
     try:
@@ -257,3 +308,40 @@ async def test_the_client_answers_pings_while_it_waits(aiohttp_server: Any) -> N
     finally:
         await asyncio.to_thread(transport.close)
     assert answer == {"value": 7} and pongs == [b"are you there"]
+
+
+def test_an_operation_cut_short_is_not_called_unrun() -> None:
+    """A handler cancelled during an operation (a shutdown that ran out of time) may have
+    run it: the socket closes with 1001, never 4000, and the client does not send it again."""
+    tasks: list[asyncio.Task[Any]] = []
+
+    @web.middleware
+    async def remember(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        tasks.append(request.task)
+        return await handler(request)
+
+    running = ServiceThread(MemoryStore, middlewares=[remember]).start()
+    waited: list[object] = []
+
+    def wait() -> None:
+        try:
+            waited.append(running.client().barrier("b", parties=2).wait(timeout=3))
+        except Exception as e:  # the outcome is what the test looks at
+            waited.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        wait_for(lambda: arrived(running), 10, "the barrier wait in flight")
+
+        async def cancel() -> None:
+            tasks[-1].cancel()
+
+        running.run(cancel())
+        waiter.join(30)
+    finally:
+        running.stop()
+    assert len(waited) == 1 and isinstance(waited[0], Unavailable), waited
+    assert "1001" in str(waited[0]) and "did not answer" in str(waited[0]), waited

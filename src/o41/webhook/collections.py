@@ -205,7 +205,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
         )
     await ws.prepare(request)
     holder.sockets[ws] = checked = time.monotonic()
-    why = b"the service is shutting down: reconnect"
+    why, running = b"the service is shutting down: reconnect", False
     try:
         while not holder.closing:
             message = await ws.receive()
@@ -216,21 +216,37 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                 break
             if message.type is not WSMsgType.TEXT or ws.closed:
                 break  # closed by the client, broken, or closing: not run, the client resends
-            holder.sockets[ws] = None  # from here until the answer is sent, nobody closes it
+            holder.sockets[ws], running = None, True  # nobody closes it until it answered
+            if time.monotonic() - checked > RECHECK:
+                if await _recheck(credential) != who:
+                    why, running = b"the token is no longer accepted: reconnect", False
+                    break
+                checked = time.monotonic()
+            answer = await _answer(engine, who.namespace, message.data)
             try:
-                if time.monotonic() - checked > RECHECK:
-                    if await credential.check() != who:
-                        why = b"the token is no longer accepted: reconnect with a current one"
-                        break
-                    checked = time.monotonic()
-                await ws.send_str(await _answer(engine, who.namespace, message.data))
-            finally:
-                holder.sockets[ws] = time.monotonic()
+                await ws.send_str(answer)
+            except ConnectionError:
+                break  # the client went away while its operation ran
+            holder.sockets[ws], running = time.monotonic(), False
     finally:
         holder.sockets.pop(ws, None)
-        if not ws.closed:
+        if ws.closed:
+            pass
+        elif running:  # cancelled during an operation (a shutdown that ran out of time)
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopped during the operation")
+        else:
             await ws.close(code=RECONNECT, message=why)
     return ws
+
+
+async def _recheck(credential: auth.Credential) -> auth.Caller | None:
+    """Who the token is now; None if it cannot be checked now either (the client
+    reconnects, and the upgrade says why if that lasts)."""
+    try:
+        return await credential.check()
+    except Exception:
+        log.exception("checking a WebSocket's token again failed")
+        return None
 
 
 async def _answer(engine: Engine, namespace: str, data: str) -> str:
