@@ -85,6 +85,7 @@ class OperatorProcess:
         ca = Authority.create(self.directory / "pki")
         cert = ca.issue("webhook", LOOPBACK, ips=(LOOPBACK,), dns=("localhost",))
         liveness = f"http://{LOOPBACK}:{free_port()}/healthz"
+        webhook_port = free_port()
         self.starts += 1
         self.server = Server(
             f"operator#{self.starts}",
@@ -95,7 +96,7 @@ class OperatorProcess:
                 "--webhook-addr",
                 LOOPBACK,
                 "--webhook-port",
-                str(free_port()),
+                str(webhook_port),
                 "--webhook-cert",
                 str(cert.cert),
                 "--webhook-key",
@@ -117,10 +118,15 @@ class OperatorProcess:
             },
         ).start()
         self.server.wait_ready(lambda: _answers(liveness), timeout=60)
-        wait_until(self._webhook_points_here, timeout=60, what="the webhook configuration")
+        wait_until(
+            lambda: self._webhook_points_at(f"{LOOPBACK}:{webhook_port}"),
+            timeout=60,
+            what="the webhook configuration to point at this operator",
+        )
         return self
 
-    def _webhook_points_here(self) -> bool:
+    def _webhook_points_at(self, address: str) -> bool:
+        """Whether every webhook calls ``address`` (not a previous, killed operator's)."""
         raw = kubectl(
             self.kubeconfig,
             "get",
@@ -133,7 +139,7 @@ class OperatorProcess:
         urls = [
             w["clientConfig"].get("url", "") for w in json.loads(raw or "{}").get("webhooks", [])
         ]
-        return bool(urls) and all(f"{LOOPBACK}:" in u for u in urls)
+        return bool(urls) and all(f"//{address}/" in u for u in urls)
 
     def kill(self) -> None:
         if self.server is not None:
