@@ -40,7 +40,8 @@ import aetcd  # noqa: E402
 from o41.collections.client import Client, HttpTransport  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
+from o41.testbed.process import LOOPBACK  # noqa: E402
+from o41.testbed.product import CollectionsProcess  # noqa: E402
 
 VALUE = b"v" * 64
 PACE = 0.0003  # seconds
@@ -219,28 +220,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="o41-bench-") as tmp:
         cluster = EtcdCluster(bin_dir() / "etcd", Path(tmp) / "etcd", size=3).start()
-        port = free_port()
-        service = Server(
-            name="collections service",
-            argv=[
-                sys.executable,
-                "-m",
-                "o41.webhook.collections",
-                "--port",
-                str(port),
-                "--etcd",
-                ",".join(cluster.endpoints),
-            ],
-            log=Path(tmp) / "service.log",
-            env={"PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")},
-        )
+        service = CollectionsProcess(cluster.endpoints, Path(tmp) / "service.log")
         raw: RawEtcd | None = None
         try:
-            service.start().wait_ready(lambda: port_open(port), timeout=60)
+            service.start()
             leader = cluster.endpoints[cluster.leader()]
             print(f"etcd: 3 members on {LOOPBACK}, leader {leader}; {os.cpu_count()} CPUs")
             raw = RawEtcd(leader)
-            each = measurements(raw, Service(f"http://{LOOPBACK}:{port}"), args.workers)
+            each = measurements(raw, Service(service.url), args.workers)
             rounds = [[m(args.ops // args.rounds) for m in each] for _ in range(args.rounds)]
         finally:
             if raw is not None:

@@ -163,7 +163,7 @@ def test_without_majority_strong_fails_cleanly_and_recovers(
         )
         assert client.counter("c").add(1) >= 1
     finally:
-        service.server.stop()
+        service.stop()
 
 
 def test_eventual_loss_window_is_what_a_killed_replica_buffered(
@@ -184,9 +184,9 @@ def test_eventual_loss_window_is_what_a_killed_replica_buffered(
             scratch[f"buffered-{i}"] = i  # acknowledged, in memory only
             strong[f"strong-{i}"] = i
         assert scratch["buffered-19"] == 19  # the replica serves its own writes
-        first.server.kill()
+        first.kill()
     finally:
-        first.server.stop()
+        first.stop()
 
     second = ServiceProcess(etcd_cluster.endpoints, tmp_path / "two.log", *options).start()
     try:
@@ -202,12 +202,12 @@ def test_eventual_loss_window_is_what_a_killed_replica_buffered(
         scratch = second.client().dict("clean", "eventual")
         for i in range(20):
             scratch[i] = i
-        second.server.stop()  # SIGTERM: the buffer is written out before exit
+        second.stop()  # SIGTERM: the buffer is written out before exit
     finally:
-        second.server.stop()
+        second.stop()
 
     third = ServiceProcess(etcd_cluster.endpoints, tmp_path / "three.log").start()
     try:
         assert dict(third.client().dict("clean").items()) == {i: i for i in range(20)}
     finally:
-        third.server.stop()
+        third.stop()

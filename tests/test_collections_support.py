@@ -8,7 +8,6 @@ tested with the placement service): test tokens map to callers of chosen namespa
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -19,7 +18,8 @@ from aiohttp import web
 from o41.collections.client import Client, HttpTransport
 from o41.collections.engine import Engine
 from o41.state import Store
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open
+from o41.testbed.process import LOOPBACK, free_port
+from o41.testbed.product import CollectionsProcess
 from o41.webhook import auth, errors
 from o41.webhook import collections as routes
 from o41.webhook.keys import STORE
@@ -124,30 +124,11 @@ class ServiceThread:
         self._loop.close()
 
 
-class ServiceProcess:
+class ServiceProcess(CollectionsProcess):
     """``python -m o41.webhook.collections`` as a process of its own, to be killed."""
 
     def __init__(self, etcd: list[str], log: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
-        self.server = Server(
-            name="collections service",
-            argv=[
-                sys.executable,
-                "-m",
-                "o41.webhook.collections",
-                "--port",
-                str(self.port),
-                "--etcd",
-                ",".join(etcd),
-                *extra,
-            ],
-            log=log,
-        )
-
-    def start(self) -> ServiceProcess:
-        self.server.start().wait_ready(lambda: port_open(self.port), timeout=60)
-        return self
+        super().__init__(etcd, log, extra)
 
     def client(self, compute: str = "job-1") -> Client:
         return Client(HttpTransport(self.url, token="unused"), compute)

@@ -7,14 +7,16 @@ same way: on 127.0.0.1, with no route to a real cloud's metadata address.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from o41.testbed.kube import apply, kubectl
 from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+from o41.testbed.process import LOOPBACK, Server, free_port, port_open, wait_until
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
 NAMESPACE = "o41-system"
@@ -151,6 +153,51 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.server.tail(200) if self.server else ""
+
+
+@dataclass
+class CollectionsProcess:
+    """``python -m o41.webhook.collections`` on loopback: the collections alone, without
+    authentication, their state in etcd (the tests that kill it, the benchmark)."""
+
+    etcd_endpoints: list[str]
+    log: Path
+    extra: tuple[str, ...] = ()
+    port: int = field(default_factory=free_port)
+    server: Server | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> Self:
+        source = str(Path(__file__).resolve().parents[2])  # the o41 this process runs
+        self.server = Server(
+            "collections service",
+            [
+                sys.executable,
+                "-m",
+                "o41.webhook.collections",
+                "--port",
+                str(self.port),
+                "--etcd",
+                ",".join(self.etcd_endpoints),
+                *self.extra,
+            ],
+            self.log,
+            env={**SAFE_ENV, "PYTHONPATH": source + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        ).start()
+        self.server.wait_ready(lambda: port_open(self.port), timeout=60)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to write anything out."""
+        if self.server is not None:
+            self.server.kill()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
 
 
 @dataclass

@@ -256,25 +256,23 @@ async def _answer(engine: Engine, namespace: str, data: str) -> str:
     except ValueError:
         message = None
     if not isinstance(message, dict):
-        return json.dumps(
-            {
-                "id": None,
-                "status": 400,
-                "error": "each message must be a JSON object: id, compute, kind, name, op, args",
-            }
+        return _refusal(
+            None, 400, "each message must be a JSON object: id, compute, kind, name, op, args"
         )
     ident = message.get("id")
     try:
         compute, kind, name, op = (_text(message, f) for f in ("compute", "kind", "name", "op"))
         result = await perform(engine, namespace, compute, kind, name, op, message.get("args", {}))
     except CollectionError as e:
-        return json.dumps({"id": ident, "status": e.status, "error": str(e)})
+        return _refusal(ident, e.status, str(e))
     except Exception:
         log.exception("unexpected error on a collections WebSocket")
-        return json.dumps(
-            {"id": ident, "status": 500, "error": "internal error; it has been logged"}
-        )
+        return _refusal(ident, 500, "internal error; it has been logged")
     return json.dumps({"id": ident, "status": 200, "result": result})
+
+
+def _refusal(ident: object, status: int, error: str) -> str:
+    return json.dumps({"id": ident, "status": status, "error": error})
 
 
 def _text(message: dict[str, Any], what: str) -> str:
