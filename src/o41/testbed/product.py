@@ -71,8 +71,23 @@ def install_crds(kubeconfig: Path) -> None:
         kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
+class _Process:
+    """What the test bed's product processes share: stopped (SIGTERM) or killed
+    (SIGKILL: no chance to write anything out) by the pid of their server."""
+
+    server: Server | None
+
+    def kill(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
 @dataclass
-class OperatorProcess:
+class OperatorProcess(_Process):
     """``python -m o41.operator`` with its admission webhook on loopback, signed by a
     throwaway CA, managing its ValidatingWebhookConfiguration. Can be killed and started."""
 
@@ -143,20 +158,12 @@ class OperatorProcess:
         ]
         return bool(urls) and all(f"//{address}/" in u for u in urls)
 
-    def kill(self) -> None:
-        if self.server is not None:
-            self.server.kill()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-
     def log(self) -> str:
         return self.server.tail(200) if self.server else ""
 
 
 @dataclass
-class CollectionsProcess:
+class CollectionsProcess(_Process):
     """``python -m o41.webhook.collections`` on loopback: the collections alone, without
     authentication, their state in etcd (the tests that kill it, the benchmark)."""
 
@@ -190,18 +197,9 @@ class CollectionsProcess:
         self.server.wait_ready(lambda: port_open(self.port), timeout=60)
         return self
 
-    def kill(self) -> None:
-        """SIGKILL: no chance to write anything out."""
-        if self.server is not None:
-            self.server.kill()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-
 
 @dataclass
-class PlacementProcess:
+class PlacementProcess(_Process):
     """``python -m o41.webhook`` on loopback, its state in etcd (or embedded)."""
 
     kubeconfig: Path
@@ -239,7 +237,3 @@ class PlacementProcess:
         ).start()
         self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
         return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
