@@ -160,6 +160,11 @@ class LocationStatus(Model):
     ready_since: str | None = Field(
         default=None, description="When the location first became Ready."
     )
+    creating_bucket: str | None = Field(
+        default=None,
+        description="The bucket the operator is creating, recorded before the create call: "
+        "a setup interrupted before marking the bucket adopts it when resumed.",
+    )
     versions: int = Field(default=0, description="Committed versions stored here.")
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)

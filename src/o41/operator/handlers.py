@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -78,6 +79,33 @@ def credentials_for(spec: Mapping[str, Any]) -> dict[str, str] | None:
     return cluster().read_secret(ref["secretName"]) if ref else None
 
 
+@dataclass
+class StatusCreations:
+    """The storage's write-ahead record of bucket creations (``o41.storage.Creations``),
+    kept in the Location's ``status.creatingBucket``: written before the create call, so a
+    restarted operator adopts the bucket an interrupted setup left unmarked."""
+
+    name: str
+    status: Mapping[str, Any]
+
+    def recorded(self, bucket: str) -> bool:
+        return self.status.get("creatingBucket") == bucket
+
+    def record(self, bucket: str) -> None:
+        if self.recorded(bucket):
+            return
+        try:
+            cluster().patch_status("locations", self.name, {"creatingBucket": bucket})
+        except Exception as e:  # the API server is away: create nothing it cannot record
+            raise SetupFailed(
+                "StatusNotRecorded",
+                f"could not record in the Location's status that bucket {bucket!r} is being "
+                f"created ({type(e).__name__}); the bucket is not created until it can be.",
+                retryable=True,
+            ) from None
+        self.status = {**self.status, "creatingBucket": bucket}
+
+
 def _backoff(retry: int, retryable: bool) -> float:
     """Transient failures retry fast; ones that need the user (credentials, a name, a
     region) retry slowly, so a fixed Secret is still picked up without a restart."""
@@ -105,7 +133,7 @@ def set_up_bucket(
     ready_since = status.get("readySince")
     try:
         ref = bucket_ref(name, uid, spec, credentials_for(spec))
-        ensured = open_bucket(ref).ensure(owner=uid)
+        ensured = open_bucket(ref).ensure(owner=uid, creations=StatusCreations(name, status))
     except (SetupFailed, SecretMissing) as e:
         reason, message = _why(e)
         patch.status["unfinished"] = ready_since is None
@@ -121,6 +149,7 @@ def set_up_bucket(
     if not ensured.region_checked:
         message += " (this backend cannot confirm the region)"
     patch.status["bucket"] = ref.bucket
+    patch.status["creatingBucket"] = None  # marked now: the record has done its job
     patch.status["endpoint"] = ensured.endpoint
     patch.status["unfinished"] = False
     patch.status["readySince"] = ready_since or now()

@@ -42,6 +42,7 @@ from o41.storage.base import (
     AZURE_OWNER_METADATA,
     OCTET_STREAM,
     BucketRef,
+    Creations,
     Ensured,
     MultipartUpload,
     ObjectStat,
@@ -169,9 +170,11 @@ class AzureBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str) -> Ensured:
+    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
         """Create the container (private, marked) or adopt ours. The region cannot be
-        checked from the data plane (``region_checked=False``)."""
+        checked from the data plane (``region_checked=False``). The metadata comes with
+        the create call, so no crash leaves an unmarked container: ``creations`` is not
+        needed, and an unmarked container is never adopted."""
         check_bucket_name("azure_blob", self.ref.bucket)
         mark = owner_mark(owner)
         container = self._container

@@ -161,14 +161,36 @@ class ObjectStat:
     crc32: str | None = None
 
 
+class Creations(Protocol):
+    """A write-ahead record of bucket creations, kept outside the buckets (the operator
+    keeps it in the Location's status).
+
+    Where the owner mark is a second call after creating (S3-compatible stores, endpoints
+    that drop labels), a crash in between leaves an unmarked bucket. ``ensure`` records a
+    creation after it found no bucket and before it creates one; a bucket found unmarked
+    is adopted (and marked) only when its creation was recorded, so no one else's unmarked
+    bucket is ever taken.
+    """
+
+    def recorded(self, bucket: str) -> bool: ...
+
+    def record(self, bucket: str) -> None: ...
+
+
+def interrupted(creations: Creations | None, bucket: str) -> bool:
+    """Whether an unmarked ``bucket`` is one an earlier, interrupted setup created."""
+    return creations is not None and creations.recorded(bucket)
+
+
 class Bucket(Protocol):
     """One location's bucket. Synchronous (the SDKs are); callers run it in threads."""
 
     ref: BucketRef
 
-    def ensure(self, owner: str) -> Ensured:
+    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
         """Create the bucket in ``ref.region`` if needed and mark it as ``owner``'s; adopt
-        it when it already carries that mark. Idempotent."""
+        it when it already carries that mark, or when it carries none and ``creations``
+        says an earlier attempt was creating it. Idempotent."""
         ...
 
     def check(self) -> None:

@@ -37,6 +37,7 @@ from o41.storage.base import (
     GCS_OWNER_LABEL,
     OCTET_STREAM,
     BucketRef,
+    Creations,
     Ensured,
     MultipartUpload,
     ObjectStat,
@@ -49,6 +50,7 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
+    interrupted,
     name_taken,
     owner_mark,
     scrub,
@@ -152,24 +154,23 @@ class GcsBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str) -> Ensured:
+    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
         """Create the bucket (labelled, uniform access, public access prevention) in the
         region, or adopt ours; then check its location."""
         check_bucket_name("gcs", self.ref.bucket)
         mark = owner_mark(owner)
         warnings: list[str] = []
-        bucket, created = self._get_or_create(owner, mark)
-        if created:
-            if (bucket.labels or {}).get(GCS_OWNER_LABEL) != mark:
-                # The endpoint dropped the labels we sent (fake-gcs-server has no labels;
-                # Google keeps them, atomically with creation). Keep the mark in an object.
-                self._write_marker(mark)
-                warnings.append(
-                    f"{self._access_endpoint} does not keep bucket labels: the owner mark "
-                    f"is kept in object {MARKER_OBJECT} instead"
-                )
-        else:
-            self._check_owner(bucket, owner, mark)
+        bucket, created = self._get_or_create(owner, mark, creations)
+        if not created:
+            created = self._check_owner(bucket, owner, mark, creations)
+        if created and (bucket.labels or {}).get(GCS_OWNER_LABEL) != mark:
+            # The endpoint dropped the labels we sent (fake-gcs-server has no labels;
+            # Google keeps them, atomically with creation). Keep the mark in an object.
+            self._write_marker(mark)
+            warnings.append(
+                f"{self._access_endpoint} does not keep bucket labels: the owner mark "
+                f"is kept in object {MARKER_OBJECT} instead"
+            )
         self._check_region(bucket)
         warnings += self._harden(bucket)
         return Ensured(
@@ -186,7 +187,9 @@ class GcsBucket:
         except Exception as e:
             self._raise(e, "checking")
 
-    def _get_or_create(self, owner: str, mark: str) -> tuple[Any, bool]:
+    def _get_or_create(
+        self, owner: str, mark: str, creations: Creations | None
+    ) -> tuple[Any, bool]:
         name = self.ref.bucket
         forbidden = False
         try:
@@ -198,6 +201,8 @@ class GcsBucket:
         except Exception as e:
             self._raise(e, "looking up")
 
+        if creations is not None:
+            creations.record(name)
         new = self._client.bucket(name)
         new.labels = {GCS_OWNER_LABEL: mark}
         new.iam_configuration.uniform_bucket_level_access_enabled = True
@@ -229,12 +234,17 @@ class GcsBucket:
             self._raise(e, "creating")
         return created, True
 
-    def _check_owner(self, bucket: Any, owner: str, mark: str) -> None:
+    def _check_owner(self, bucket: Any, owner: str, mark: str, creations: Creations | None) -> bool:
+        """Pass for a bucket marked as ours; True when it is our own unmarked creation
+        (a setup interrupted before writing the marker), which the caller marks."""
         found = (bucket.labels or {}).get(GCS_OWNER_LABEL)
         if found is None:
             found = self._read_marker()
-        if found != mark:
-            raise name_taken("gcs", self.ref.bucket, owner, found)
+        if found == mark:
+            return False
+        if found is None and interrupted(creations, self.ref.bucket):
+            return True
+        raise name_taken("gcs", self.ref.bucket, owner, found)
 
     def _write_marker(self, mark: str) -> None:
         try:

@@ -25,6 +25,7 @@ from o41.storage.base import (
     OCTET_STREAM,
     S3_OWNER_TAG,
     BucketRef,
+    Creations,
     Ensured,
     MultipartUpload,
     ObjectStat,
@@ -37,6 +38,7 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
+    interrupted,
     name_taken,
     owner_mark,
     scrub,
@@ -191,7 +193,7 @@ class S3Bucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str) -> Ensured:
+    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
         """Create the bucket or adopt ours; then check its region and harden it."""
         ref = self.ref
         check_bucket_name(ref.kind, ref.bucket)
@@ -199,11 +201,13 @@ class S3Bucket:
         present = self._head_bucket()
         created = False
         if present is not True:
+            if creations is not None:
+                creations.record(ref.bucket)
             created = self._create(owner, mark, head_forbidden=present is None)
         if created:
             self._ensure_tag(mark)
         else:
-            self._check_owner(owner, mark)
+            created = self._check_owner(owner, mark, creations)
         region_checked = self._check_region()
         warnings = self._harden(created)
         return Ensured(
@@ -281,10 +285,16 @@ class S3Bucket:
             self._raise(e, "reading the tags of")
         return {t["Key"]: t["Value"] for t in got.get("TagSet", [])}
 
-    def _check_owner(self, owner: str, mark: str) -> None:
+    def _check_owner(self, owner: str, mark: str, creations: Creations | None) -> bool:
+        """Pass for a bucket marked as ours; True when it is our own unmarked creation
+        (a setup interrupted before tagging), which is marked now."""
         found = self._tags().get(S3_OWNER_TAG)
-        if found != mark:
-            raise name_taken(self.ref.kind, self.ref.bucket, owner, found)
+        if found == mark:
+            return False
+        if found is None and interrupted(creations, self.ref.bucket):
+            self._ensure_tag(mark)
+            return True
+        raise name_taken(self.ref.kind, self.ref.bucket, owner, found)
 
     def _ensure_tag(self, mark: str) -> None:
         """Mark a bucket we just created, keeping any other tags. Stand-ins (moto) and
