@@ -291,6 +291,20 @@ def test_a_creation_is_recorded_before_the_bucket_exists(backend: Backend) -> No
     assert len(creations.listed_at_record) <= 1  # an existing bucket is never recorded
 
 
+def test_a_creation_that_cannot_be_recorded_creates_nothing(backend: Backend) -> None:
+    class Unrecordable(Recorded):
+        def record(self, bucket: str) -> None:
+            raise SetupFailed("StatusNotRecorded", "the API server is away", retryable=True)
+
+    name = _name(backend.kind)
+    if backend.kind == "azure_blob":  # records nothing, so nothing stops it
+        assert open_bucket(backend.ref(name)).ensure("loc-1", Unrecordable(backend)).created
+        return
+    with pytest.raises(SetupFailed, match="away"):
+        open_bucket(backend.ref(name)).ensure("loc-1", Unrecordable(backend))
+    assert backend.listed(name) == []
+
+
 def test_an_interrupted_creation_is_finished_by_the_next_setup(backend: Backend) -> None:
     """A crash between creating and marking (moto ignores tags given at creation, and
     fake-gcs-server labels) leaves an unmarked bucket: recorded, it is adopted and marked.

@@ -1,0 +1,42 @@
+"""The operator's record of bucket creations (``status.creatingBucket``) when the API server
+cannot take it: the storage then creates nothing (tests/test_storage_stores.py shows that
+part against the stand-ins; tests/test_operator.py the record doing its job)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from o41.operator import handlers
+from o41.operator.cluster import Cluster
+from o41.storage import SetupFailed
+from o41.testbed.process import LOOPBACK, free_port
+
+
+def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = client.Configuration()
+    config.host = f"http://{LOOPBACK}:{free_port()}"  # nothing listens there
+    config.retries = 0
+    away = Cluster("o41-system")
+    away.__dict__["_api"] = client.ApiClient(config)  # the cached client, pointed nowhere
+    monkeypatch.setattr(handlers, "_cluster", away)
+
+    creations = handlers.StatusCreations("aws-east", {})
+    with pytest.raises(SetupFailed) as failed:
+        creations.record("o41-aws-east-0123")
+    assert failed.value.reason == "StatusNotRecorded"
+    assert failed.value.retryable
+    assert "'o41-aws-east-0123'" in str(failed.value)
+    assert "not created until" in str(failed.value)
+    assert not creations.recorded("o41-aws-east-0123")
+
+
+def test_a_recorded_creation_is_not_written_again() -> None:
+    """The resumed setup finds its record in status and sends no second patch (no cluster
+    is configured here, so a patch would fail)."""
+    creations = handlers.StatusCreations("aws-east", {"creatingBucket": "o41-aws-east-0123"})
+    creations.record("o41-aws-east-0123")
+    assert creations.recorded("o41-aws-east-0123")
+    assert not creations.recorded("o41-aws-east-4567")
