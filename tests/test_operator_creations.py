@@ -13,16 +13,20 @@ from o41.storage import SetupFailed
 from o41.testbed.process import LOOPBACK, free_port
 
 
-def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def api_server_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's cluster client, pointed at a loopback port where nothing listens."""
     config = client.Configuration()
-    config.host = f"http://{LOOPBACK}:{free_port()}"  # nothing listens there
+    config.host = f"http://{LOOPBACK}:{free_port()}"
     config.retries = 0
     away = Cluster("o41-system")
-    away.__dict__["_api"] = client.ApiClient(config)  # the cached client, pointed nowhere
+    away.__dict__["_api"] = client.ApiClient(config)  # the cached client
     monkeypatch.setattr(handlers, "_cluster", away)
 
+
+def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
+    api_server_away: None,
+) -> None:
     creations = handlers.StatusCreations("aws-east", {})
     with pytest.raises(SetupFailed) as failed:
         creations.record("o41-aws-east-0123")
@@ -33,9 +37,9 @@ def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
     assert not creations.recorded("o41-aws-east-0123")
 
 
-def test_a_recorded_creation_is_not_written_again() -> None:
-    """The resumed setup finds its record in status and sends no second patch (no cluster
-    is configured here, so a patch would fail)."""
+def test_a_recorded_creation_is_not_written_again(api_server_away: None) -> None:
+    """The resumed setup finds its record in status and sends no second patch (which
+    would fail here)."""
     creations = handlers.StatusCreations("aws-east", {"creatingBucket": "o41-aws-east-0123"})
     creations.record("o41-aws-east-0123")
     assert creations.recorded("o41-aws-east-0123")
