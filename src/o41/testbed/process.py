@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,12 +18,39 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+_handing = threading.Lock()
+
+
+def _listening_ports() -> range:
+    """Ports below the kernel's ephemeral range. A port the kernel picked (bind to port 0)
+    is one it may also give, a moment later, to any outgoing connection as its local port;
+    a server started on it then fails with "address already in use" (seen with etcd)."""
+    try:
+        low = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, low) if low > 11000 else range(61000, 65536)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the ephemeral
+    range, and never the same twice in this process."""
+    ports = _listening_ports()
+    with _handing:
+        for _ in range(200):
+            port = random.choice(ports)  # noqa: S311 - spreading, not secrecy
+            if port in _handed_out:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((LOOPBACK, port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free port on {LOOPBACK} in {ports.start}-{ports.stop - 1}")
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:
