@@ -40,6 +40,7 @@ from azure.storage.blob import (
 
 from o41.storage.base import (
     AZURE_OWNER_METADATA,
+    NO_RECORD,
     OCTET_STREAM,
     BucketRef,
     Creations,
@@ -170,7 +171,7 @@ class AzureBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
+    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
         """Create the container (private, marked) or adopt ours. The region cannot be
         checked from the data plane (``region_checked=False``). The metadata comes with
         the create call, so no crash leaves an unmarked container: ``creations`` is not

@@ -177,9 +177,18 @@ class Creations(Protocol):
     def record(self, bucket: str) -> None: ...
 
 
-def interrupted(creations: Creations | None, bucket: str) -> bool:
-    """Whether an unmarked ``bucket`` is one an earlier, interrupted setup created."""
-    return creations is not None and creations.recorded(bucket)
+class NoRecord:
+    """No record kept (tests, scripts): nothing is recorded, so an unmarked bucket is
+    never adopted."""
+
+    def recorded(self, bucket: str) -> bool:
+        return False
+
+    def record(self, bucket: str) -> None:
+        pass
+
+
+NO_RECORD = NoRecord()
 
 
 class Bucket(Protocol):
@@ -187,7 +196,7 @@ class Bucket(Protocol):
 
     ref: BucketRef
 
-    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
+    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
         """Create the bucket in ``ref.region`` if needed and mark it as ``owner``'s; adopt
         it when it already carries that mark, or when it carries none and ``creations``
         says an earlier attempt was creating it. Idempotent."""

@@ -35,6 +35,7 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 
 from o41.storage.base import (
     GCS_OWNER_LABEL,
+    NO_RECORD,
     OCTET_STREAM,
     BucketRef,
     Creations,
@@ -50,7 +51,6 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
-    interrupted,
     name_taken,
     owner_mark,
     scrub,
@@ -154,7 +154,7 @@ class GcsBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
+    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
         """Create the bucket (labelled, uniform access, public access prevention) in the
         region, or adopt ours; then check its location."""
         check_bucket_name("gcs", self.ref.bucket)
@@ -187,9 +187,7 @@ class GcsBucket:
         except Exception as e:
             self._raise(e, "checking")
 
-    def _get_or_create(
-        self, owner: str, mark: str, creations: Creations | None
-    ) -> tuple[Any, bool]:
+    def _get_or_create(self, owner: str, mark: str, creations: Creations) -> tuple[Any, bool]:
         name = self.ref.bucket
         forbidden = False
         try:
@@ -201,8 +199,7 @@ class GcsBucket:
         except Exception as e:
             self._raise(e, "looking up")
 
-        if creations is not None:
-            creations.record(name)
+        creations.record(name)
         new = self._client.bucket(name)
         new.labels = {GCS_OWNER_LABEL: mark}
         new.iam_configuration.uniform_bucket_level_access_enabled = True
@@ -234,7 +231,7 @@ class GcsBucket:
             self._raise(e, "creating")
         return created, True
 
-    def _check_owner(self, bucket: Any, owner: str, mark: str, creations: Creations | None) -> bool:
+    def _check_owner(self, bucket: Any, owner: str, mark: str, creations: Creations) -> bool:
         """Pass for a bucket marked as ours; True when it is our own unmarked creation
         (a setup interrupted before writing the marker), which the caller marks."""
         found = (bucket.labels or {}).get(GCS_OWNER_LABEL)
@@ -242,7 +239,7 @@ class GcsBucket:
             found = self._read_marker()
         if found == mark:
             return False
-        if found is None and interrupted(creations, self.ref.bucket):
+        if found is None and creations.recorded(self.ref.bucket):
             return True
         raise name_taken("gcs", self.ref.bucket, owner, found)
 

@@ -22,6 +22,7 @@ from botocore.config import Config
 from o41.storage import sigv4
 from o41.storage.base import (
     CRC32_HEADER,
+    NO_RECORD,
     OCTET_STREAM,
     S3_OWNER_TAG,
     BucketRef,
@@ -38,7 +39,6 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
-    interrupted,
     name_taken,
     owner_mark,
     scrub,
@@ -193,7 +193,7 @@ class S3Bucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations | None = None) -> Ensured:
+    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
         """Create the bucket or adopt ours; then check its region and harden it."""
         ref = self.ref
         check_bucket_name(ref.kind, ref.bucket)
@@ -201,8 +201,7 @@ class S3Bucket:
         present = self._head_bucket()
         created = False
         if present is not True:
-            if creations is not None:
-                creations.record(ref.bucket)
+            creations.record(ref.bucket)
             created = self._create(owner, mark, head_forbidden=present is None)
         if created:
             self._ensure_tag(mark)
@@ -285,21 +284,23 @@ class S3Bucket:
             self._raise(e, "reading the tags of")
         return {t["Key"]: t["Value"] for t in got.get("TagSet", [])}
 
-    def _check_owner(self, owner: str, mark: str, creations: Creations | None) -> bool:
+    def _check_owner(self, owner: str, mark: str, creations: Creations) -> bool:
         """Pass for a bucket marked as ours; True when it is our own unmarked creation
         (a setup interrupted before tagging), which is marked now."""
-        found = self._tags().get(S3_OWNER_TAG)
+        tags = self._tags()
+        found = tags.get(S3_OWNER_TAG)
         if found == mark:
             return False
-        if found is None and interrupted(creations, self.ref.bucket):
-            self._ensure_tag(mark)
+        if found is None and creations.recorded(self.ref.bucket):
+            self._ensure_tag(mark, tags)
             return True
         raise name_taken(self.ref.kind, self.ref.bucket, owner, found)
 
-    def _ensure_tag(self, mark: str) -> None:
-        """Mark a bucket we just created, keeping any other tags. Stand-ins (moto) and
-        S3-compatible stores ignore tags given at creation, hence the separate call."""
-        tags = self._tags()
+    def _ensure_tag(self, mark: str, tags: dict[str, str] | None = None) -> None:
+        """Mark a bucket we just created, keeping any other tags (``tags``: as just read).
+        Stand-ins (moto) and S3-compatible stores ignore tags given at creation, hence
+        the separate call."""
+        tags = self._tags() if tags is None else tags
         if tags.get(S3_OWNER_TAG) == mark:
             return
         tags[S3_OWNER_TAG] = mark

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import shutil
@@ -23,6 +24,7 @@ _handed_out: set[int] = set()
 _handing = threading.Lock()
 
 
+@functools.cache
 def _listening_ports() -> range:
     """Ports below the kernel's ephemeral range. A port the kernel picked (bind to port 0)
     is one it may also give, a moment later, to any outgoing connection as its local port;
