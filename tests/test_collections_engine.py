@@ -14,7 +14,7 @@ import pytest
 from o41.collections.checks import Busy, collection_prefix
 from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
-from o41.state import Compare, KeyValue, Op, StoreUnavailable, TxnResult
+from o41.state import Compare, KeyValue, Op, Put, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore
 
 
@@ -97,6 +97,55 @@ async def test_eventual_writes_are_buffered_then_written_in_batches() -> None:
     assert len(await store.range(prefix)) == 10
     replica = engine._replicas[prefix]
     await until(lambda: not replica.overlay, "the copy to catch up with the writes")
+    await engine.close()
+
+
+class HeldWrites(MemoryStore):
+    """The embedded store, whose writing transactions wait until ``release`` is set (a
+    batch in flight while more writes arrive), counting them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.txns = 0
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        if any(isinstance(op, Put) for op in success):
+            self.txns += 1
+            await self.release.wait()
+        return await super().txn(compare, success, failure)
+
+
+async def test_a_write_during_a_batch_in_flight_waits_for_a_batch_of_its_own() -> None:
+    """Writes arriving while a full batch is being written are not counted with it: they
+    go out at the next interval or full batch, so what a killed replica loses is exactly
+    what it had not started to write (tests/test_collections_failures.py relies on it)."""
+    store = HeldWrites()
+    engine = Engine(store, flush_interval=3600, max_batch=3)
+    prefix = collection_prefix("ns", "job", "dict", "d") + b"e/"
+
+    async def put(i: int) -> None:
+        await call(
+            engine, "dict", "d", "set", key=encode_key(i), value=b"v", consistency="eventual"
+        )
+
+    for i in range(3):
+        await put(i)
+    await until(lambda: store.txns == 1, "the batch of 3 in flight")
+    await put(3)  # arrives while the batch is in flight
+    store.release.set()
+    await until(lambda: engine.buffered == 1, "the batch of 3 written")
+    for _ in range(10):  # a flush woken by the write would start within these turns
+        await asyncio.sleep(0)
+    assert store.txns == 1
+    assert len(await store.range(prefix)) == 3
+    for i in range(4, 6):  # two more make a full batch again
+        await put(i)
+    await until(lambda: engine.buffered == 0, "the second batch")
+    assert store.txns == 2
+    assert len(await store.range(prefix)) == 6
     await engine.close()
 
 

@@ -106,6 +106,7 @@ class Engine:
         self.arrival_ttl = arrival_ttl
         self.idle = idle
         self.buffered = 0
+        self._in_flight = 0  # of ``buffered``: taken by the flush under way
         self.stats = Stats()
         self._seq = 0
         self._puts: Combiner[tuple[bytes, bytes], None] = Combiner(
@@ -584,8 +585,10 @@ class Engine:
             )
 
     def wrote(self, replica: Replica) -> None:
+        """Wake the flusher when a full batch waits, not counting the writes a flush under
+        way has taken: a write arriving meanwhile goes with the next batch."""
         self._dirty[replica.prefix] = replica
-        if self.buffered >= self.max_batch and self._wake is not None:
+        if self.buffered - self._in_flight >= self.max_batch and self._wake is not None:
             self._wake.set()
 
     def _ensure_flusher(self) -> None:
@@ -640,6 +643,7 @@ class Engine:
     async def _flush(self) -> None:
         replicas = list(self._dirty.values())
         self._dirty.clear()
+        self._in_flight = self.buffered
         ops: list[Op] = []
         owners: list[tuple[Replica, bytes, Buffered]] = []
         try:
@@ -673,6 +677,7 @@ class Engine:
                 if not replica.idle:
                     self._dirty[replica.prefix] = replica
             self.buffered = sum(r.backlog for r in self._dirty.values())
+            self._in_flight = 0
 
     async def _write(self, ops: list[Op], owners: list[tuple[Replica, bytes, Buffered]]) -> None:
         """Puts and deletes are idempotent: a write that failed stays buffered and goes
