@@ -17,6 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from o41.state import EtcdTls
 from o41.testbed.kube import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,8 +82,13 @@ def test_helm_lint_strict_passes() -> None:
         ("etcd.external.endpoints[0]=http://etcd.db.svc:2379", "networkPolicy.enabled=true"),
         ("networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true"),
         ("etcd.persistence.enabled=false", "placement.pdb.enabled=false", "rbac.create=false"),
+        (
+            "etcd.external.endpoints[0]=https://etcd.db.svc:2379",
+            "etcd.external.tls.secretName=etcd-client",
+            "placement.prices.asOf=2026-12-01",
+        ),
     ],
-    ids=["defaults", "cert-manager", "external-etcd", "netpol-monitor", "minimal"],
+    ids=["defaults", "cert-manager", "external-etcd", "netpol-monitor", "minimal", "etcd-tls"],
 )
 def test_lint_and_rendered_objects_match_the_kubernetes_1_37_schemas(
     sets: tuple[str, ...],
@@ -248,6 +254,60 @@ def test_external_etcd_deploys_no_etcd_and_is_what_the_service_uses() -> None:
     assert not [d for d in docs if d["metadata"]["name"].endswith("-etcd")]
     args = container(find(docs, "Deployment", "-placement"))["args"]
     assert args[args.index("--etcd") + 1] == ",".join(urls)
+
+
+TLS_ETCD = (
+    "etcd.external.endpoints[0]=https://etcd-0.db.svc:2379",
+    "etcd.external.tls.secretName=etcd-client",
+)
+
+
+def test_tls_to_an_external_etcd_mounts_the_secret_where_the_service_reads_it() -> None:
+    docs = render(*TLS_ETCD)
+    placement = find(docs, "Deployment", "-placement")
+    pod = placement["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in container(placement)["env"]}
+    # what the chart sets is what the service reads
+    assert EtcdTls.from_environment(env) == EtcdTls(
+        "/etc/o41-etcd-tls/ca.crt", "/etc/o41-etcd-tls/tls.crt", "/etc/o41-etcd-tls/tls.key"
+    )
+    (mount,) = [m for m in container(placement)["volumeMounts"] if m["name"] == "etcd-tls"]
+    assert mount == {"name": "etcd-tls", "mountPath": "/etc/o41-etcd-tls", "readOnly": True}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "etcd-tls"]
+    assert volume["secret"] == {"secretName": "etcd-client", "defaultMode": 0o440}
+    assert pod["securityContext"]["fsGroup"] == 10001  # who may read the 0440 files
+    # a CA only: the service shows etcd no certificate
+    docs = render(*TLS_ETCD, "etcd.external.tls.clientCertificate=false")
+    env = {
+        e["name"]: e.get("value") for e in container(find(docs, "Deployment", "-placement"))["env"]
+    }
+    assert EtcdTls.from_environment(env) == EtcdTls("/etc/o41-etcd-tls/ca.crt")
+    # no Secret: nothing mounted, nothing set
+    placement = find(render(TLS_ETCD[0]), "Deployment", "-placement")
+    assert not [e for e in container(placement)["env"] if e["name"].startswith("O41_ETCD_")]
+    assert "etcd-tls" not in {v["name"] for v in placement["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_tls_to_an_external_etcd_is_refused_at_install_without_https_endpoints() -> None:
+    secret = "etcd.external.tls.secretName=etcd-client"
+    done = run_helm("template", "o41", str(CHART), "--set", secret)
+    assert done.returncode != 0
+    assert "give its https:// URLs in etcd.external.endpoints" in done.stderr
+    plain = "etcd.external.endpoints[0]=http://etcd-0.db.svc:2379"
+    done = run_helm("template", "o41", str(CHART), "--set", plain, "--set", secret)
+    assert done.returncode != 0
+    assert "must be https://, not http://etcd-0.db.svc:2379" in done.stderr
+    done = run_helm(
+        "template",
+        "o41",
+        str(CHART),
+        "--set",
+        TLS_ETCD[0],
+        "--set",
+        "etcd.external.tls.secretName=Etcd_Client",
+    )
+    assert done.returncode != 0
+    assert "/etcd/external/tls/secretName" in done.stderr
 
 
 def test_every_container_is_hardened() -> None:

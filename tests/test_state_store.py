@@ -31,13 +31,22 @@ from o41.state.memory import MemoryStore
 from o41.testbed.etcd import EtcdCluster
 
 
-@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("etcd-tls", marks=pytest.mark.etcd),
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         made: Store = MemoryStore()
-    else:
+    elif request.param == "etcd":
         cluster: EtcdCluster = request.getfixturevalue("state_etcd")
         made = EtcdStore(cluster.endpoints, timeout=5)
+    else:  # over TLS, with a client certificate
+        cluster = request.getfixturevalue("state_etcd_tls")
+        made = EtcdStore(cluster.endpoints, timeout=5, tls=cluster.client_tls)
     try:
         yield made
     finally:
@@ -62,8 +71,9 @@ def test_prefix_end() -> None:
 def test_open_store_picks_the_backend() -> None:
     assert isinstance(open_store(None), MemoryStore)
     assert isinstance(open_store(["http://127.0.0.1:1"]), EtcdStore)
+    assert isinstance(open_store(["https://127.0.0.1:1"]), EtcdStore)  # test_state_etcd_tls
     with pytest.raises(ValueError, match="etcd client URL"):
-        EtcdStore(["https://x:1"])
+        EtcdStore(["unix:///run/etcd.sock"])
 
 
 async def test_put_get_revisions_and_versions(store: Store, p: bytes) -> None:

@@ -66,6 +66,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* TLS to an external etcd needs https:// endpoints: say so at install, not as a
+crash-looping pod. */}}
+{{- define "o41.etcdTlsChecked" -}}
+{{- if .Values.etcd.external.tls.secretName }}
+{{- if not .Values.etcd.external.endpoints }}
+{{- fail "etcd.external.tls.secretName is TLS to an existing etcd: give its https:// URLs in etcd.external.endpoints" }}
+{{- end }}
+{{- range .Values.etcd.external.endpoints }}
+{{- if not (hasPrefix "https://" .) }}
+{{- fail (printf "etcd.external.tls.secretName is set, so each of etcd.external.endpoints must be https://, not %s" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The container securityContext of every container the chart runs. */}}
 {{- define "o41.containerSecurityContext" -}}
 runAsNonRoot: true

@@ -7,7 +7,7 @@ consensus come from etcd; the embedded store gives the same semantics without th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -123,16 +123,51 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"  # every key
 
 
-def open_store(endpoints: list[str] | None, timeout: float = 5.0) -> Store:
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd (``https://`` endpoints): the CA that signed etcd's serving certificate
+    (None: the system's roots), and this client's certificate and key when etcd asks for
+    them (``--client-cert-auth``). Paths to PEM files."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> EtcdTls | None:
+        """From ``O41_ETCD_CA_FILE``, ``O41_ETCD_CERT_FILE`` and ``O41_ETCD_KEY_FILE``
+        (the chart sets them from ``etcd.external.tls``); None when none is set."""
+        found = cls(*(env.get(f"O41_ETCD_{n}_FILE") or None for n in ("CA", "CERT", "KEY")))
+        return found if found != cls() else None
+
+
+def store_settings(endpoints: str, env: Mapping[str, str]) -> tuple[list[str], EtcdTls | None]:
+    """A server's comma-separated etcd URLs and its TLS variables, checked before it starts
+    (ValueError, saying what to fix: a mistake is one line, not a traceback)."""
+    urls = [e for e in endpoints.split(",") if e]
+    tls = EtcdTls.from_environment(env)
+    if urls:
+        from o41.state.etcd import connection_settings
+
+        connection_settings(urls, tls)
+    elif tls is not None:
+        raise ValueError("etcd TLS files are given but no etcd endpoints: give https:// ones")
+    return urls, tls
+
+
+def open_store(
+    endpoints: list[str] | None, timeout: float = 5.0, tls: EtcdTls | None = None
+) -> Store:
     """etcd at ``endpoints`` (client URLs), or the embedded single-replica store when none.
 
     Every call of the etcd store is bounded by ``timeout`` seconds; past it, or when etcd
-    has no majority, calls raise :class:`StoreUnavailable`.
+    has no majority, calls raise :class:`StoreUnavailable`. ``https://`` endpoints are
+    spoken to over TLS (``tls``: the CA, and a client certificate if etcd asks for one).
     """
     if endpoints:
         from o41.state.etcd import EtcdStore
 
-        return EtcdStore(endpoints, timeout=timeout)
+        return EtcdStore(endpoints, timeout=timeout, tls=tls)
     from o41.state.memory import MemoryStore
 
     return MemoryStore()

@@ -8,6 +8,9 @@ answering, the call moves on to the next member; every call is bounded by ``time
 seconds and fails with :class:`StoreUnavailable` past it (etcd without a majority never
 hangs a caller).
 
+``https://`` endpoints are spoken to over TLS, with a client certificate when etcd asks
+for one (:class:`o41.state.EtcdTls`); all endpoints take one scheme.
+
 A write is retried on another member only when etcd certainly did not take it (no
 connection, or "no leader"); any other failure of a write is reported as
 :class:`StoreUnavailable`, and the write may or may not have been applied.
@@ -22,6 +25,7 @@ import os
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 # gRPC's fork handlers can crash a child forked while gRPC calls are in flight (a subprocess
@@ -36,6 +40,7 @@ from o41.state import (
     Compare,
     Consistency,
     Delete,
+    EtcdTls,
     Get,
     KeyValue,
     LeaseNotFound,
@@ -71,14 +76,40 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
 LEADER_CHECK = 10.0  # seconds between looks for the leader while all is well
+TLS_SETTINGS = "O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE"
 
 
-def _target(endpoint: str) -> str:
-    """``http://127.0.0.1:2379`` (or ``127.0.0.1:2379``) -> ``127.0.0.1:2379``."""
+def _target(endpoint: str) -> tuple[str, bool]:
+    """``http://127.0.0.1:2379`` (or ``127.0.0.1:2379``) -> ``127.0.0.1:2379``, and whether
+    it is spoken to over TLS (``https://``)."""
     parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"not an etcd client URL (http://host:port): {endpoint!r}")
-    return f"{parts.hostname}:{parts.port or 2379}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an etcd client URL (http(s)://host:port): {endpoint!r}")
+    return f"{parts.hostname}:{parts.port or 2379}", parts.scheme == "https"
+
+
+def _credentials(tls: EtcdTls) -> Any:
+    """gRPC's channel credentials for ``tls``. A file that cannot be read is a mistake in
+    the configuration, said at start-up rather than as etcd failing at the first call."""
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ValueError(
+            "etcd TLS: a client certificate needs its key, and a key its certificate "
+            "(O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE go together)"
+        )
+
+    def read(path: str | None, what: str) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"etcd TLS: cannot read the {what} {path}: {e.strerror}") from None
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(tls.ca_file, "CA certificate"),
+        private_key=read(tls.key_file, "client key"),
+        certificate_chain=read(tls.cert_file, "client certificate"),
+    )
 
 
 def _kv(kv: Any) -> KeyValue:
@@ -121,13 +152,32 @@ def _request_op(op: Op) -> Any:
     return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end))
 
 
+def connection_settings(endpoints: list[str], tls: EtcdTls | None) -> tuple[list[str], Any]:
+    """gRPC's targets for ``endpoints``, and the channel credentials (None: plain HTTP/2).
+    Raises ValueError, saying what to fix, for settings that cannot work."""
+    if not endpoints:
+        raise ValueError("the etcd store needs at least one endpoint")
+    targets = [_target(e) for e in endpoints]
+    schemes = {secure for _, secure in targets}
+    if len(schemes) > 1:
+        raise ValueError("the etcd endpoints mix http:// and https://: give them one scheme")
+    if schemes == {True}:
+        return [target for target, _ in targets], _credentials(tls or EtcdTls())
+    if tls is not None:
+        raise ValueError(
+            f"etcd TLS files are given ({TLS_SETTINGS}) but the etcd endpoints are http://: "
+            "give https:// endpoints, or unset them"
+        )
+    return [target for target, _ in targets], None
+
+
 class EtcdStore:
     """The :class:`o41.state.Store` on an etcd cluster; see the module docstring."""
 
-    def __init__(self, endpoints: list[str], timeout: float = 5.0) -> None:
-        if not endpoints:
-            raise ValueError("EtcdStore needs at least one endpoint")
-        self._targets = [_target(e) for e in endpoints]
+    def __init__(
+        self, endpoints: list[str], timeout: float = 5.0, tls: EtcdTls | None = None
+    ) -> None:
+        self._targets, self._credentials = connection_settings(endpoints, tls)
         self._timeout = timeout
         self._channels: list[grpc.aio.Channel | None] = [None] * len(self._targets)
         self._stubs: dict[tuple[int, str], Any] = {}
@@ -142,7 +192,13 @@ class EtcdStore:
     def _channel(self, index: int) -> grpc.aio.Channel:
         channel = self._channels[index]
         if channel is None:
-            channel = grpc.aio.insecure_channel(self._targets[index], options=_CHANNEL_OPTIONS)
+            target = self._targets[index]
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            else:
+                channel = grpc.aio.secure_channel(
+                    target, self._credentials, options=_CHANNEL_OPTIONS
+                )
             self._channels[index] = channel
         return channel
 
@@ -172,12 +228,13 @@ class EtcdStore:
         deadline = time.monotonic() + self._timeout
         index = self._nearest if nearest else self._current
         tried = 0
+        last = ""  # the last member's refusal, said when the time is up
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise StoreUnavailable(
                     f"etcd did not answer {what} within {self._timeout:g} s "
-                    f"(members {', '.join(self._targets)})"
+                    f"(members {', '.join(self._targets)}){last}"
                 )
             try:
                 return await getattr(self._stub(index, service), method)(request, timeout=remaining)
@@ -201,6 +258,9 @@ class EtcdStore:
                         + ("; the write may or may not have been applied" if write else "")
                     ) from None
                 tried += 1
+                last = f"; the last refusal: {details}"
+                if self._credentials is not None:
+                    last += f"; over TLS: check {TLS_SETTINGS}"
                 index = (index + 1) % len(self._targets)
                 if nearest:
                     self._nearest = index

@@ -98,10 +98,17 @@ class Authority:
         dns: tuple[str, ...] = (),
         ips: tuple[str, ...] = (),
         client: bool = False,
+        server: bool | None = None,
     ) -> CertPair:
+        """A certificate for serving (the default), for a client (``client``), or for both
+        (``client`` and ``server``: etcd's own gateway dials etcd with its serving
+        certificate, which must then be good for a client too)."""
         key = _key()
         now = dt.datetime.now(dt.UTC)
-        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        serving = not client if server is None else server
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+        if serving:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(common_name, organization))
@@ -111,7 +118,7 @@ class Authority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + _VALID_FOR)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]

@@ -170,6 +170,7 @@ class CollectionsProcess(_Process):
     etcd_endpoints: list[str]
     log: Path
     extra: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # more of the service's environment
     port: int = field(default_factory=free_port)
     server: Server | None = field(default=None, repr=False)
 
@@ -192,7 +193,11 @@ class CollectionsProcess(_Process):
                 *self.extra,
             ],
             self.log,
-            env={**SAFE_ENV, "PYTHONPATH": source + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            env={
+                **SAFE_ENV,
+                "PYTHONPATH": source + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                **self.env,
+            },
         ).start()
         self.server.wait_ready(lambda: port_open(self.port), timeout=60)
         return self

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--etcd",
         default=os.environ.get("O41_ETCD_ENDPOINTS", ""),
-        help="comma-separated etcd client URLs; empty: the embedded single-replica store",
+        help="comma-separated etcd client URLs; empty: the embedded single-replica store. "
+        "https:// URLs: TLS, with O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE",
     )
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument(
@@ -32,10 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+    from o41.state import store_settings
     from o41.webhook.app import Settings, make_app
 
+    try:
+        endpoints, tls = store_settings(args.etcd, os.environ)
+    except ValueError as e:
+        parser.error(str(e))
     settings = Settings(
-        etcd_endpoints=[e for e in args.etcd.split(",") if e],
+        etcd_endpoints=endpoints,
+        etcd_tls=tls,
         kubeconfig=args.kubeconfig,
         secrets_namespace=args.secrets_namespace,
         authentication=args.authentication,

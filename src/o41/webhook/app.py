@@ -15,7 +15,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from o41 import __version__
-from o41.state import open_store
+from o41.state import EtcdTls, open_store
 from o41.webhook import auth, collections, errors, placement, usage_page
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
@@ -29,6 +29,7 @@ MAX_BODY = 1024 * 1024  # requests are small JSON; uploads go straight to the bu
 @dataclass(frozen=True)
 class Settings:
     etcd_endpoints: list[str] = field(default_factory=list)  # empty: the embedded store
+    etcd_tls: EtcdTls | None = None  # for https:// endpoints
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG
     secrets_namespace: str = "o41-system"
     authentication: Literal["tokenreview", "none"] = "tokenreview"
@@ -55,7 +56,9 @@ def kubernetes_client(settings: Settings) -> Any:
 
 async def state_store(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    app[STORE] = open_store(settings.etcd_endpoints or None, timeout=settings.store_timeout)
+    app[STORE] = open_store(
+        settings.etcd_endpoints or None, timeout=settings.store_timeout, tls=settings.etcd_tls
+    )
     app[placement.BATCHER] = PutBatcher(app[STORE])
     usage = Usage(app[STORE], settings.usage_interval)
     app[placement.USAGE] = usage

@@ -44,7 +44,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from o41.collections.checks import BadRequest, CollectionError, Unavailable
 from o41.collections.engine import Engine
-from o41.state import StoreUnavailable, open_store
+from o41.state import EtcdTls, StoreUnavailable, open_store, store_settings
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
 from o41.webhook.keys import STORE
@@ -296,7 +296,11 @@ def _encode(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_app(
-    store_endpoints: list[str], namespace: str, options: Options, store_timeout: float = 5.0
+    store_endpoints: list[str],
+    namespace: str,
+    options: Options,
+    store_timeout: float = 5.0,
+    tls: EtcdTls | None = None,
 ) -> web.Application:
     app = web.Application(
         middlewares=[
@@ -306,7 +310,7 @@ def make_app(
     )
 
     async def state(app: web.Application) -> AsyncIterator[None]:
-        app[STORE] = open_store(store_endpoints or None, timeout=store_timeout)
+        app[STORE] = open_store(store_endpoints or None, timeout=store_timeout, tls=tls)
         yield
         await app[STORE].close()
 
@@ -319,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m o41.webhook.collections", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
-    parser.add_argument("--etcd", default="", help="comma-separated etcd client URLs")
+    parser.add_argument(
+        "--etcd",
+        default="",
+        help="comma-separated etcd client URLs (https://: TLS, with O41_ETCD_CA_FILE, "
+        "O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE)",
+    )
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--flush-interval", type=float, default=Options.flush_interval)
     parser.add_argument("--max-batch", type=int, default=Options.max_batch)
@@ -330,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     options = Options(args.flush_interval, args.max_batch, args.max_buffer)
-    app = make_app(
-        [e for e in args.etcd.split(",") if e], args.namespace, options, args.store_timeout
-    )
+    try:
+        endpoints, tls = store_settings(args.etcd, os.environ)
+    except ValueError as e:
+        parser.error(str(e))
+    app = make_app(endpoints, args.namespace, options, args.store_timeout, tls)
 
     async def announce(app: web.Application) -> None:
         print(f"listening on http://{args.host}:{args.port}", flush=True)

@@ -1,0 +1,152 @@
+"""The state store over TLS to an etcd that asks for client certificates, as a production
+etcd is run: what works, what etcd refuses and what the refusal tells the user, and the
+settings that cannot work, refused before anything starts.
+
+The etcd here is the test bed's own (``state_etcd_tls``): https:// client URLs, a serving
+certificate for 127.0.0.1 and ``--client-cert-auth`` with a throwaway CA.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from o41.collections.client import Client, HttpTransport
+from o41.state import EtcdTls, StoreUnavailable, store_settings
+from o41.state.etcd import EtcdStore
+from o41.testbed.etcd import EtcdCluster
+from o41.testbed.pki import Authority
+from o41.testbed.product import SAFE_ENV, CollectionsProcess
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def tls_environment(tls: EtcdTls) -> dict[str, str]:
+    """What the chart sets from ``etcd.external.tls``."""
+    files = {"CA": tls.ca_file, "CERT": tls.cert_file, "KEY": tls.key_file}
+    return {f"O41_ETCD_{name}_FILE": path for name, path in files.items() if path}
+
+
+def test_settings_that_cannot_work_are_refused_saying_what_to_fix(tmp_path: Path) -> None:
+    ca = Authority.create(tmp_path / "pki")
+    client = ca.issue("client", "o41", client=True)
+    ca_only = {"O41_ETCD_CA_FILE": str(ca.cert_path)}
+    with pytest.raises(ValueError, match=r"mix http:// and https://"):
+        store_settings("https://127.0.0.1:2379,http://127.0.0.1:2380", {})
+    with pytest.raises(ValueError, match=r"TLS files are given .* endpoints are http://"):
+        store_settings("http://127.0.0.1:2379", ca_only)
+    with pytest.raises(ValueError, match=r"TLS files are given but no etcd endpoints"):
+        store_settings("", ca_only)
+    with pytest.raises(ValueError, match=r"a client certificate needs its key"):
+        store_settings("https://127.0.0.1:2379", {"O41_ETCD_CERT_FILE": str(client.cert)})
+    missing = tmp_path / "nowhere" / "ca.crt"
+    with pytest.raises(ValueError, match=rf"cannot read the CA certificate {missing}"):
+        store_settings("https://127.0.0.1:2379", {"O41_ETCD_CA_FILE": str(missing)})
+    with pytest.raises(ValueError, match=r"not an etcd client URL"):
+        store_settings("ftp://127.0.0.1:2379", {})
+    # and what does work: https with a CA and a client pair, https on the system's roots
+    pair = EtcdTls(str(ca.cert_path), str(client.cert), str(client.key))
+    urls = "https://127.0.0.1:2379,https://127.0.0.1:2380"
+    assert store_settings(urls, tls_environment(pair)) == (urls.split(","), pair)
+    assert store_settings("https://127.0.0.1:2379", {}) == (["https://127.0.0.1:2379"], None)
+    assert store_settings("", {}) == ([], None)
+
+
+def test_the_environment_names_the_files() -> None:
+    env = {"O41_ETCD_CA_FILE": "/tls/ca.crt", "O41_ETCD_CERT_FILE": "/tls/tls.crt"}
+    assert EtcdTls.from_environment(env) == EtcdTls("/tls/ca.crt", "/tls/tls.crt", None)
+    assert EtcdTls.from_environment({"O41_ETCD_CA_FILE": ""}) is None
+    assert EtcdTls.from_environment({}) is None
+
+
+@pytest.mark.etcd
+async def test_without_a_client_certificate_etcd_refuses_and_the_error_says_where_to_look(
+    state_etcd_tls: EtcdCluster,
+) -> None:
+    good = state_etcd_tls.client_tls
+    store = EtcdStore(state_etcd_tls.endpoints, timeout=1, tls=EtcdTls(ca_file=good.ca_file))
+    try:
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.put(b"/tls-test/no-cert", b"x")
+    finally:
+        await store.close()
+    message = str(refused.value)
+    assert "etcd did not answer put" in message
+    assert "over TLS: check O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE" in message
+    # nothing was written: the same key read with a good certificate is absent
+    store = EtcdStore(state_etcd_tls.endpoints, timeout=5, tls=good)
+    try:
+        assert await store.get(b"/tls-test/no-cert") is None
+    finally:
+        await store.close()
+
+
+@pytest.mark.etcd
+async def test_an_etcd_whose_certificate_another_ca_signed_is_not_trusted(
+    state_etcd_tls: EtcdCluster, tmp_path: Path
+) -> None:
+    other = Authority.create(tmp_path / "other-ca")
+    good = state_etcd_tls.client_tls
+    store = EtcdStore(
+        state_etcd_tls.endpoints,
+        timeout=1,
+        tls=EtcdTls(str(other.cert_path), good.cert_file, good.key_file),
+    )
+    try:
+        with pytest.raises(StoreUnavailable) as refused:
+            await store.get(b"/tls-test/any")
+    finally:
+        await store.close()
+    assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+    assert "over TLS: check" in str(refused.value)
+
+
+@pytest.mark.etcd
+async def test_the_collections_keep_their_state_in_an_etcd_spoken_to_over_tls(
+    state_etcd_tls: EtcdCluster, tmp_path: Path
+) -> None:
+    service = CollectionsProcess(
+        state_etcd_tls.endpoints,
+        tmp_path / "service.log",
+        env=tls_environment(state_etcd_tls.client_tls),
+    ).start()
+    try:
+        client = Client(HttpTransport(service.url, token="test"), "tls-job")
+        checkpoints = client.dict("checkpoints")
+        checkpoints["step-1"] = b"weights"
+        assert checkpoints["step-1"] == b"weights"
+        assert client.counter("processed").add(3) == 3
+    finally:
+        service.stop()
+    # the bytes are in etcd, read back over TLS by a client of our own
+    store = EtcdStore(state_etcd_tls.endpoints, timeout=5, tls=state_etcd_tls.client_tls)
+    try:
+        kv = await store.get(b"/o41/collections/default/tls-job/counter/processed/value")
+        assert kv is not None
+        assert kv.value == b"3"
+        entries = await store.range(b"/o41/collections/default/tls-job/dict/checkpoints/")
+        assert len(entries) == 1
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("main", ["o41.webhook", "o41.webhook.collections"])
+def test_a_server_given_settings_that_cannot_work_stops_with_one_line(
+    main: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", main, "--port", "1", "--etcd", "http://127.0.0.1:1"],
+        env={**SAFE_ENV, "PYTHONPATH": SRC, "O41_ETCD_CA_FILE": str(tmp_path / "ca.crt")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "etcd TLS files are given" in done.stderr
+    assert "endpoints are http://" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"usage: python -m {main}" in done.stderr  # argparse's own refusal
