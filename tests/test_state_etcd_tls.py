@@ -24,12 +24,6 @@ from o41.testbed.product import SAFE_ENV, CollectionsProcess
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def tls_environment(tls: EtcdTls) -> dict[str, str]:
-    """What the chart sets from ``etcd.external.tls``."""
-    files = {"CA": tls.ca_file, "CERT": tls.cert_file, "KEY": tls.key_file}
-    return {f"O41_ETCD_{name}_FILE": path for name, path in files.items() if path}
-
-
 def test_settings_that_cannot_work_are_refused_saying_what_to_fix(tmp_path: Path) -> None:
     ca = Authority.create(tmp_path / "pki")
     client = ca.issue("client", "o41", client=True)
@@ -50,7 +44,7 @@ def test_settings_that_cannot_work_are_refused_saying_what_to_fix(tmp_path: Path
     # and what does work: https with a CA and a client pair, https on the system's roots
     pair = EtcdTls(str(ca.cert_path), str(client.cert), str(client.key))
     urls = "https://127.0.0.1:2379,https://127.0.0.1:2380"
-    assert store_settings(urls, tls_environment(pair)) == (urls.split(","), pair)
+    assert store_settings(urls, pair.environment()) == (urls.split(","), pair)
     assert store_settings("https://127.0.0.1:2379", {}) == (["https://127.0.0.1:2379"], None)
     assert store_settings("", {}) == ([], None)
 
@@ -58,6 +52,7 @@ def test_settings_that_cannot_work_are_refused_saying_what_to_fix(tmp_path: Path
 def test_the_environment_names_the_files() -> None:
     env = {"O41_ETCD_CA_FILE": "/tls/ca.crt", "O41_ETCD_CERT_FILE": "/tls/tls.crt"}
     assert EtcdTls.from_environment(env) == EtcdTls("/tls/ca.crt", "/tls/tls.crt", None)
+    assert EtcdTls.from_environment(env).environment() == env  # type: ignore[union-attr]
     assert EtcdTls.from_environment({"O41_ETCD_CA_FILE": ""}) is None
     assert EtcdTls.from_environment({}) is None
 
@@ -111,7 +106,7 @@ async def test_the_collections_keep_their_state_in_an_etcd_spoken_to_over_tls(
     service = CollectionsProcess(
         state_etcd_tls.endpoints,
         tmp_path / "service.log",
-        env=tls_environment(state_etcd_tls.client_tls),
+        env=state_etcd_tls.client_tls.environment(),
     ).start()
     try:
         client = Client(HttpTransport(service.url, token="test"), "tls-job")

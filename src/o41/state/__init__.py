@@ -137,8 +137,16 @@ class EtcdTls:
     def from_environment(cls, env: Mapping[str, str]) -> EtcdTls | None:
         """From ``O41_ETCD_CA_FILE``, ``O41_ETCD_CERT_FILE`` and ``O41_ETCD_KEY_FILE``
         (the chart sets them from ``etcd.external.tls``); None when none is set."""
-        found = cls(*(env.get(f"O41_ETCD_{n}_FILE") or None for n in ("CA", "CERT", "KEY")))
+        found = cls(*(env.get(f"O41_ETCD_{n}_FILE") or None for n in _TLS_NAMES))
         return found if found != cls() else None
+
+    def environment(self) -> dict[str, str]:
+        """The variables :meth:`from_environment` reads (a server's environment)."""
+        files = zip(_TLS_NAMES, (self.ca_file, self.cert_file, self.key_file), strict=True)
+        return {f"O41_ETCD_{name}_FILE": path for name, path in files if path}
+
+
+_TLS_NAMES = ("CA", "CERT", "KEY")
 
 
 def store_settings(endpoints: str, env: Mapping[str, str]) -> tuple[list[str], EtcdTls | None]:
