@@ -51,8 +51,9 @@ def test_settings_that_cannot_work_are_refused_saying_what_to_fix(tmp_path: Path
 
 def test_the_environment_names_the_files() -> None:
     env = {"O41_ETCD_CA_FILE": "/tls/ca.crt", "O41_ETCD_CERT_FILE": "/tls/tls.crt"}
-    assert EtcdTls.from_environment(env) == EtcdTls("/tls/ca.crt", "/tls/tls.crt", None)
-    assert EtcdTls.from_environment(env).environment() == env  # type: ignore[union-attr]
+    found = EtcdTls.from_environment(env)
+    assert found == EtcdTls("/tls/ca.crt", "/tls/tls.crt", None)
+    assert found is not None and found.environment() == env
     assert EtcdTls.from_environment({"O41_ETCD_CA_FILE": ""}) is None
     assert EtcdTls.from_environment({}) is None
 
