@@ -8,6 +8,8 @@ certificate for 127.0.0.1 and ``--client-cert-auth`` with a throwaway CA.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +100,71 @@ async def test_an_etcd_whose_certificate_another_ca_signed_is_not_trusted(
         await store.close()
     assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
     assert "over TLS: check" in str(refused.value)
+
+
+def live_files(directory: Path, ca: str | None, cert: Path | str, key: Path | str) -> EtcdTls:
+    """TLS files the way a mounted Secret holds them: one directory, replaced in place."""
+    directory.mkdir(exist_ok=True)
+    assert ca is not None
+    for name, source in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+        shutil.copyfile(source, directory / name)
+    return EtcdTls(*(str(directory / n) for n in ("ca.crt", "tls.crt", "tls.key")))
+
+
+@pytest.mark.etcd
+async def test_a_renewed_client_certificate_is_used_without_a_restart(
+    state_etcd_tls: EtcdCluster, tmp_path: Path
+) -> None:
+    good = state_etcd_tls.client_tls
+    assert good.cert_file is not None and good.key_file is not None
+    stale = Authority.create(tmp_path / "other-ca").issue("client", "o41", client=True)
+    live = tmp_path / "live"
+    tls = live_files(live, good.ca_file, stale.cert, stale.key)  # etcd does not trust it
+    store = EtcdStore(state_etcd_tls.endpoints, timeout=1, tls=tls, reload_every=0)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.put(b"/tls-test/renewed", b"refused")
+        live_files(live, good.ca_file, good.cert_file, good.key_file)  # the renewal
+        await store.put(b"/tls-test/renewed", b"after the renewal")
+        kv = await store.get(b"/tls-test/renewed")
+        assert kv is not None
+        assert kv.value == b"after the renewal"
+    finally:
+        await store.close()
+
+
+@pytest.mark.etcd
+async def test_a_watch_goes_on_across_a_renewal(
+    state_etcd_tls: EtcdCluster, tmp_path: Path
+) -> None:
+    good = state_etcd_tls.client_tls
+    assert state_etcd_tls.authority is not None and good.cert_file and good.key_file
+    live = tmp_path / "live"
+    store = EtcdStore(
+        state_etcd_tls.endpoints,
+        timeout=1,  # also how long a retired channel's calls may go on
+        tls=live_files(live, good.ca_file, good.cert_file, good.key_file),
+        reload_every=0,
+    )
+    prefix = f"/tls-test/{tmp_path.name}/".encode()
+    events = store.watch(prefix, start_revision=await store.put(prefix + b"a", b"1"))
+    try:
+        first = await asyncio.wait_for(anext(events), 10)
+        assert first.kv.value == b"1"
+        renewed = state_etcd_tls.authority.issue("client-renewed", "o41-placement", client=True)
+        live_files(live, good.ca_file, renewed.cert, renewed.key)
+        await store.put(prefix + b"b", b"2")  # over a new channel: the old one retires
+        # the old channel closes once its grace is over, cancelling the watch's stream on it
+        await asyncio.wait_for(asyncio.gather(*store._retiring.values()), 10)
+        await store.put(prefix + b"c", b"3")
+        seen = [await asyncio.wait_for(anext(events), 10) for _ in range(2)]
+        assert [(e.kind, e.kv.key, e.kv.value) for e in seen] == [
+            ("put", prefix + b"b", b"2"),
+            ("put", prefix + b"c", b"3"),
+        ]
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+        await store.close()
 
 
 @pytest.mark.etcd

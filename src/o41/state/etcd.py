@@ -9,7 +9,9 @@ seconds and fails with :class:`StoreUnavailable` past it (etcd without a majorit
 hangs a caller).
 
 ``https://`` endpoints are spoken to over TLS, with a client certificate when etcd asks
-for one (:class:`o41.state.EtcdTls`); all endpoints take one scheme.
+for one (:class:`o41.state.EtcdTls`); all endpoints take one scheme. The files are looked
+at again every :data:`RELOAD_CHECK` seconds: a renewed certificate is used without a
+restart (new calls open new channels; the old ones close once their calls are done).
 
 A write is retried on another member only when etcd certainly did not take it (no
 connection, or "no leader"); any other failure of a write is reported as
@@ -76,6 +78,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
 LEADER_CHECK = 10.0  # seconds between looks for the leader while all is well
+RELOAD_CHECK = 10.0  # seconds between looks at the TLS files (a renewed certificate)
 TLS_SETTINGS = "O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE"
 
 
@@ -152,6 +155,22 @@ def _request_op(op: Op) -> Any:
     return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end))
 
 
+def _stamp(tls: EtcdTls | None) -> tuple[tuple[int, int, int], ...]:
+    """What changes when a TLS file is replaced (kubelet swaps a Secret's files at once)."""
+    if tls is None:
+        return ()
+    found = []
+    for path in (tls.ca_file, tls.cert_file, tls.key_file):
+        if path is not None:
+            try:
+                s = os.stat(path)
+            except OSError:
+                found.append((0, 0, 0))
+            else:
+                found.append((s.st_ino, s.st_mtime_ns, s.st_size))
+    return tuple(found)
+
+
 def connection_settings(endpoints: list[str], tls: EtcdTls | None) -> tuple[list[str], Any]:
     """gRPC's targets for ``endpoints``, and the channel credentials (None: plain HTTP/2).
     Raises ValueError, saying what to fix, for settings that cannot work."""
@@ -175,10 +194,19 @@ class EtcdStore:
     """The :class:`o41.state.Store` on an etcd cluster; see the module docstring."""
 
     def __init__(
-        self, endpoints: list[str], timeout: float = 5.0, tls: EtcdTls | None = None
+        self,
+        endpoints: list[str],
+        timeout: float = 5.0,
+        tls: EtcdTls | None = None,
+        reload_every: float = RELOAD_CHECK,
     ) -> None:
         self._targets, self._credentials = connection_settings(endpoints, tls)
         self._timeout = timeout
+        self._tls = tls if self._credentials is not None else None  # files to look at again
+        self._tls_stamp = _stamp(self._tls)
+        self._tls_checked = time.monotonic()
+        self._reload_every = reload_every
+        self._retiring: dict[grpc.aio.Channel, asyncio.Task[None]] = {}  # of the files before
         self._channels: list[grpc.aio.Channel | None] = [None] * len(self._targets)
         self._stubs: dict[tuple[int, str], Any] = {}
         self._current = 0  # the member calls go to: the leader when known
@@ -203,12 +231,44 @@ class EtcdStore:
         return channel
 
     def _stub(self, index: int, service: str) -> Any:
-        """A stub per member and service (making one builds every method: not per call)."""
+        """A stub per member and service (making one builds every method: not per call).
+        Every call starts here, so here the TLS files are looked at again."""
+        if self._tls is not None and time.monotonic() - self._tls_checked >= self._reload_every:
+            self._reload_tls()
         stub = self._stubs.get((index, service))
         if stub is None:
             stub = getattr(rpc, f"{service}Stub")(self._channel(index))
             self._stubs[(index, service)] = stub
         return stub
+
+    def _reload_tls(self) -> None:
+        """Read the TLS files again if they changed: calls from now on go over new
+        channels; the old ones close once their calls are done (a watch on one resumes on
+        a new channel). Files that cannot be read now keep the old credentials."""
+        assert self._tls is not None
+        self._tls_checked = time.monotonic()
+        stamp = _stamp(self._tls)
+        if stamp == self._tls_stamp:
+            return
+        try:
+            credentials = _credentials(self._tls)
+        except ValueError as e:
+            log.warning("etcd TLS files changed but %s; the old ones stay in use", e)
+            return
+        self._tls_stamp, self._credentials = stamp, credentials
+        old = [c for c in self._channels if c is not None]
+        self._channels = [None] * len(self._targets)
+        self._stubs.clear()
+        log.info("etcd TLS files changed: new calls use them")
+        loop = asyncio.get_running_loop()
+        for channel in old:
+            self._retiring[channel] = loop.create_task(self._retire(channel))
+
+    async def _retire(self, channel: grpc.aio.Channel) -> None:
+        try:
+            await channel.close(grace=self._timeout)
+        finally:
+            self._retiring.pop(channel, None)
 
     async def _call(
         self,
@@ -448,6 +508,14 @@ class EtcdStore:
                             yield WatchEvent("delete", _kv(event.kv))
                         else:
                             yield WatchEvent("put", _kv(event.kv))
+            except asyncio.CancelledError:
+                # gRPC cancels a stream whose channel closes: a channel retired for renewed
+                # TLS files, then the watch goes on over a new one. Not so when this task
+                # itself is being cancelled, or the store closed.
+                task = asyncio.current_task()
+                if self._closed or task is None or task.cancelling():
+                    raise
+                log.info("a watch on %r moves to a new channel", prefix)
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.CANCELLED and self._closed:
                     return
@@ -472,3 +540,7 @@ class EtcdStore:
                 await channel.close()
             self._channels[i] = None
         self._stubs.clear()
+        for channel, task in list(self._retiring.items()):
+            task.cancel()
+            await channel.close()
+        self._retiring.clear()
