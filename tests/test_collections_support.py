@@ -8,6 +8,7 @@ tested with the placement service): test tokens map to callers of chosen namespa
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -62,8 +63,10 @@ class ServiceThread:
         port: int = 0,
         middlewares: list[Any] | None = None,
         shutdown_timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._make_store = make_store
+        self._ssl = ssl_context  # serve https
         self._options = options or routes.Options()
         self.tokens = Tokens(tokens or TOKENS)
         self._port = port
@@ -89,8 +92,9 @@ class ServiceThread:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout)
         await self._runner.setup()
         port = self._port or free_port()
-        await web.TCPSite(self._runner, LOOPBACK, port).start()
-        self.app, self.port, self.url = app, port, f"http://{LOOPBACK}:{port}"
+        await web.TCPSite(self._runner, LOOPBACK, port, ssl_context=self._ssl).start()
+        scheme = "https" if self._ssl else "http"
+        self.app, self.port, self.url = app, port, f"{scheme}://{LOOPBACK}:{port}"
 
     @property
     def engine(self) -> Engine:

@@ -343,8 +343,15 @@ class HttpTransport:
         try:
             return _Connection(self._host, self._port, self._https, self._timeout)
         except OSError as e:
+            hint = ""
+            if getattr(e, "verify_message", None):  # ssl.SSLCertVerificationError
+                hint = (
+                    "; if the service's certificate comes from a private CA, point "
+                    "SSL_CERT_FILE at a CA bundle that holds it, with the system's CAs "
+                    "(the buckets' certificates need those)"
+                )
             raise Unavailable(
-                f"cannot reach the collections service at {self._hostport}: {e}"
+                f"cannot reach the collections service at {self._hostport}: {e}{hint}"
             ) from None
 
     def _upgraded(self, conn: _Connection) -> bool:
