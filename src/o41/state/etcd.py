@@ -319,8 +319,8 @@ class EtcdStore:
                     ) from None
                 tried += 1
                 last = f"; the last refusal: {details}"
-                if self._credentials is not None:
-                    last += f"; over TLS: check {TLS_SETTINGS}"
+                if self._credentials is not None and "failed to connect" in details.lower():
+                    last += f"; over TLS: check {TLS_SETTINGS}"  # a handshake fails here
                 index = (index + 1) % len(self._targets)
                 if nearest:
                     self._nearest = index
