@@ -115,7 +115,7 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app[SETTINGS] = settings
     app[placement.VIEW] = View()
     app[placement.BUCKETS] = {}
-    app[placement.LEASES] = {}
+    app[placement.LEASES] = placement.PendingLease()
     if reviewer is None:
         if settings.authentication == "none":
             reviewer = auth.NoAuthentication()
