@@ -144,7 +144,10 @@ def test_odd_artifact_names_are_refused_or_not_found_never_a_5xx(
         "/v1/writes",
         {"organization": a.org, "artifact": decoded, "place": PLACE},
     )
-    assert status == 400 and "artifact" in body["error"], (artifact, status, body)
+    assert status == 400, (artifact, status, body)
+    # a name that is no valid text is refused as JSON, every other by its field
+    surrogate = any("\ud800" <= c <= "\udfff" for c in decoded)
+    assert ("JSON" if surrogate else "artifact") in body["error"], body
 
 
 @pytest.mark.parametrize("version", ["%ED%A0%80", "..%2F..%2Fversions", "x" * 2000, "%00"])
@@ -199,8 +202,13 @@ def test_racing_locations_of_a_new_organization_end_with_one_fallback(
     assert status["fallback"] in names
     assert set(status["cloudDefaults"]) == {"aws"} and status["cloudDefaults"]["aws"] in names
     roles = [
-        json.loads(kube.kubectl("get", "location", n, "-o", "json"))["status"].get("role")
+        set(
+            (
+                json.loads(kube.kubectl("get", "location", n, "-o", "json"))["status"].get("role")
+                or ""
+            ).split(",")
+        )
         for n in names
     ]
-    assert sum(r in ("fallback", "both") for r in roles) == 1, roles
-    assert sum(r in ("default", "both") for r in roles) == 1, roles
+    assert sum("fallback" in r for r in roles) == 1, roles
+    assert sum("default" in r for r in roles) == 1, roles
