@@ -64,17 +64,19 @@ def fuzz_world(
     return w
 
 
-@pytest.fixture(scope="module")
-def api_schema(fuzz_world: World) -> Any:
-    return schemathesis.openapi.from_dict(document())
+schema = schemathesis.openapi.from_dict(document())
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+def _headers(token: str, world: World) -> dict[str, str]:
+    """A valid token of a namespace that may use the organization, none, or a forged one."""
+    if token == "valid":
+        return {"Authorization": f"Bearer {Path(world.team_a).read_text()}"}
+    if token == "forged":
+        return {"Authorization": f"Bearer {_forged_token()}"}
+    return {}
 
-TOKENS = ("valid", "none", "forged")
 
-
-@pytest.mark.parametrize("token", TOKENS)
+@pytest.mark.parametrize("token", ["valid", "none", "forged"])
 @schema.parametrize()
 @settings(
     max_examples=EXAMPLES,
@@ -86,14 +88,9 @@ TOKENS = ("valid", "none", "forged")
 def test_no_5xx_and_every_answer_matches_the_document(
     case: Any, token: str, fuzz_world: World, placement: PlacementService
 ) -> None:
-    headers = {}
-    if token == "valid":
-        headers["Authorization"] = f"Bearer {Path(fuzz_world.team_a).read_text()}"
-    elif token == "forged":
-        headers["Authorization"] = f"Bearer {_forged_token()}"
     case.call_and_validate(
         base_url=placement.url,
-        headers=headers,
+        headers=_headers(token, fuzz_world),
         timeout=30,
         # a well-formed request of an organization or version that does not exist is
         # refused (404/403), as it must be
