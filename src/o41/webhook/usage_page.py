@@ -201,7 +201,10 @@ async def sign_in_post(request: web.Request) -> web.Response:
     origin = request.headers.get("Origin")
     if origin is not None and origin != f"{request.scheme}://{request.host}":
         return _html(error_page(403, "this form is accepted from the usage page only"), 403)
-    form = await request.post()
+    try:
+        form = await request.post()
+    except ValueError:  # no boundary, a broken multipart body, bytes that are not UTF-8
+        return _html(error_page(400, "send the sign-in form as the usage page does"), 400)
     query = {k: str(form[k]) for k in ("organization", "window") if form.get(k)}
     target = "/usage" + (f"?{urlencode(query)}" if query else "")
     if form.get("signout"):
