@@ -189,6 +189,20 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
     assert "upgrade complete" in history.stdout.lower()
 
 
+def test_an_upgrade_that_would_switch_etcds_tls_under_its_members_is_refused(
+    release: Release,
+) -> None:
+    done = release.helm(
+        "upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values",
+        "--set", "etcd.tls.enabled=false", check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "etcd.tls.enabled=false would change how the running etcd members" in done.stderr
+    assert "keep etcd.tls.enabled=true" in done.stderr
+    etcd = release.get("statefulset", f"{release.fullname}-etcd")
+    assert "--client-cert-auth" in etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_an_upgrade_with_one_etcd_tls_secret_missing_stops_and_with_none_makes_a_new_set(
     release: Release,
 ) -> None:
