@@ -112,6 +112,8 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     assert "STATUS: deployed" in out
     endpoint = f"O41_ARTIFACTS_ENDPOINT=http://{release.fullname}-placement.{release.namespace}"
     assert endpoint in out, out  # NOTES.txt
+    assert "etcd TLS: client certificates required, only the placement service holds one" in out
+    assert "metrics ports (they name every organization) closed: name your scrapers" in out
     wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
 
     operator = release.get("deployment", f"{release.fullname}-operator")
