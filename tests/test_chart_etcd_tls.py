@@ -431,6 +431,12 @@ def test_metrics_and_health_answer_over_plain_http_on_their_own_port_only(
     with urllib.request.urlopen(f"{members.url(0, 2381, 'http')}/metrics", timeout=5) as r:
         body = r.read().decode()
     assert "etcd_server_has_leader 1" in body
+    # the kubelet's probes, as rendered, without a certificate
+    c = container(members.statefulset)
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe in (c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]):
+        url = f"{members.url(1, named[probe['port']], 'http')}{probe['path']}"
+        assert http_status(url)[0] == 200, url
     # the same path on the client port wants the client certificate
     good = chart_etcd.secret_files("-client-tls")
     assert good.ca_file is not None
