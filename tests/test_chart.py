@@ -843,6 +843,7 @@ def test_schema_refuses_unknown_tls_and_policy_keys() -> None:
         ("etcd.tls.certManager.issuerRef.kind=Vault", "/etcd/tls/certManager/issuerRef/kind"),
         ("networkPolicy.metrics.to=x", "at '/networkPolicy/metrics'"),
         ("metrics.placementPort=80", "/metrics/placementPort"),
+        ("metrics.placementPort=8080", "metrics.placementPort must differ from"),
     ):
         done = run_helm("template", "o41", str(CHART), "--set", bad)
         assert done.returncode != 0
