@@ -112,6 +112,8 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     assert "STATUS: deployed" in out
     endpoint = f"O41_ARTIFACTS_ENDPOINT=http://{release.fullname}-placement.{release.namespace}"
     assert endpoint in out, out  # NOTES.txt
+    assert "etcd TLS: client certificates required, only the placement service holds one" in out
+    assert "metrics ports (they name every organization) closed: name your scrapers" in out
     wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
 
     operator = release.get("deployment", f"{release.fullname}-operator")
@@ -150,11 +152,24 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     addresses = [a for s in endpoints["items"] for a in s.get("endpoints") or []]
     assert ports == {9443}
     assert len(addresses) == 1
+    # by default: etcd over TLS with the chart's certificates, and the NetworkPolicies
+    etcd = release.get("statefulset", f"{release.fullname}-etcd")
+    assert "--client-cert-auth" in etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+    for role in ("server", "peer", "client"):
+        data = release.get("secret", f"{release.fullname}-etcd-{role}-tls")["data"]
+        assert set(data) == {"ca.crt", "tls.crt", "tls.key"}
+    policies = release.kube.kubectl("get", "networkpolicies", "-n", release.namespace, "-o", "name")
+    assert sorted(policies.split()) == sorted(
+        f"networkpolicy.networking.k8s.io/{release.fullname}-{c}"
+        for c in ("etcd", "operator", "placement")
+    )
 
 
 def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Release) -> None:
     wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
     ca_before = release.get("secret", f"{release.fullname}-webhook-tls")["data"]
+    etcd_tls = [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
+    etcd_before = {name: release.get("secret", name)["data"] for name in etcd_tls}
     release.helm(
         "upgrade", release.name, str(CHART), "--namespace", release.namespace,
         "--reuse-values", "--set", "placement.replicas=3",
@@ -163,8 +178,9 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
     placement = release.get("deployment", f"{release.fullname}-placement")
     assert placement["spec"]["replicas"] == 3
     assert placement["status"]["readyReplicas"] == 3
-    # the generated CA and certificate are looked up, not generated again
+    # the generated CAs and certificates are looked up, not generated again
     assert release.get("secret", f"{release.fullname}-webhook-tls")["data"] == ca_before
+    assert {name: release.get("secret", name)["data"] for name in etcd_tls} == etcd_before
     config = release.get(
         "validatingwebhookconfiguration",
         f"{release.fullname}.artifacts.o41.io",
@@ -173,6 +189,40 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
     assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {ca_before["ca.crt"]}
     history = release.helm("history", release.name, "--namespace", release.namespace)
     assert "upgrade complete" in history.stdout.lower()
+
+
+def test_an_upgrade_that_would_switch_etcds_tls_under_its_members_is_refused(
+    release: Release,
+) -> None:
+    done = release.helm(
+        "upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values",
+        "--set", "etcd.tls.enabled=false", check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "etcd.tls.enabled=false would change how the running etcd members" in done.stderr
+    assert "keep etcd.tls.enabled=true" in done.stderr
+    etcd = release.get("statefulset", f"{release.fullname}-etcd")
+    assert "--client-cert-auth" in etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_an_upgrade_with_one_etcd_tls_secret_missing_stops_and_with_none_makes_a_new_set(
+    release: Release,
+) -> None:
+    names = [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
+    before = {name: release.get("secret", name)["data"] for name in names}
+    upgrade = ("upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values")
+    release.kube.kubectl("delete", "secret", names[1], "-n", release.namespace)
+    done = release.helm(*upgrade, check=False)
+    assert done.returncode != 0
+    assert f"etcd's TLS Secret {names[1]} is missing" in done.stderr
+    assert "delete all three" in done.stderr
+    for name in (names[0], names[2]):  # untouched: the members keep their certificates
+        assert release.get("secret", name)["data"] == before[name]
+    release.kube.kubectl("delete", "secret", names[0], names[2], "-n", release.namespace)
+    release.helm(*upgrade)
+    after = {name: release.get("secret", name)["data"] for name in names}
+    assert all(after[name]["ca.crt"] != before[name]["ca.crt"] for name in names)
+    assert after[names[0]]["ca.crt"] == after[names[2]]["ca.crt"]  # one clients' CA
 
 
 # --- RBAC: the real processes with the chart's ServiceAccount tokens ------------------------

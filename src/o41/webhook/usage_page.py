@@ -67,16 +67,29 @@ RULE_COLORS = {"region": "#2e7d32", "cloud": "#f9a825", "fallback": "#c62828"}
 OTHER_COLOR = "#757575"
 
 routes = web.RouteTableDef()
+metrics_routes = web.RouteTableDef()
 
 
-def setup(app: web.Application, reviewer: auth.TokenReviewer) -> None:
+def setup(app: web.Application, reviewer: auth.TokenReviewer, *, metrics: bool = True) -> None:
     """Register the routes; the page checks tokens with the app's own ``reviewer``.
+    ``metrics``: ``/metrics`` too (false: it is served on a port of its own, see
+    :func:`metrics_app`).
 
     Reads the price table now, so a broken ``O41_PRICES_FILE`` stops the service at start.
     """
     app[PRICES] = load_prices()
     app[REVIEWER] = reviewer
     app.add_routes(routes)
+    if metrics:
+        app.add_routes(metrics_routes)
+
+
+def metrics_app() -> web.Application:
+    """``/metrics`` alone, for a port of its own: the counters name every organization, and
+    a NetworkPolicy can keep a port, not a path, to the scrapers."""
+    app = web.Application()
+    app.add_routes(metrics_routes)
+    return app
 
 
 # --- the answers ----------------------------------------------------------------------
@@ -138,7 +151,7 @@ async def usage_json(request: web.Request) -> web.Response:
     )
 
 
-@routes.get("/metrics")
+@metrics_routes.get("/metrics")
 async def metrics_text(request: web.Request) -> web.Response:
     """This replica's usage counters in the Prometheus text format."""
     body = generate_latest(metrics.METRICS.registry)
