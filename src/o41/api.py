@@ -117,7 +117,11 @@ class LocationSpec(Model):
         "eu-north1...). Cannot change after creation.",
         pattern=REGION_PATTERN,
     )
-    backend: Backend = Field(description="Where the bucket lives. Cannot change after creation.")
+    backend: Backend = Field(
+        description="Where the bucket lives. Its kind and every field of it cannot change "
+        "after creation (they say where the versions already stored are): create a new "
+        "Location and retire this one instead."
+    )
     bucket: str | None = Field(
         default=None,
         description="Bucket (or container) name; generated from the location when empty, "
@@ -128,7 +132,8 @@ class LocationSpec(Model):
     credentials: SecretRef | None = Field(
         default=None,
         description="Credentials for the backend; when empty the operator's ambient identity "
-        "(IRSA, Workload Identity) is used.",
+        "(IRSA, Workload Identity) is used. May change (rotation): they say who calls the "
+        "bucket, not where it is.",
     )
     retired: bool = Field(
         default=False,
