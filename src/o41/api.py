@@ -160,17 +160,18 @@ class LocationStatus(Model):
     unfinished: bool = Field(
         default=False,
         description="Setup failed and the location never became Ready, so it took no write: "
-        "only an unfinished location can be deleted.",
+        "only an unfinished location can be deleted. Shown from the operator's record (a "
+        "ConfigMap in its namespace); admission never reads it here.",
     )
     ready_since: str | None = Field(
-        default=None, description="When the location first became Ready."
-    )
-    creating_bucket: str | None = Field(
         default=None,
-        description="The bucket the operator is creating, recorded before the create call: "
-        "a setup interrupted before marking the bucket adopts it when resumed.",
+        description="When the location first became Ready (from the operator's record).",
     )
-    versions: int = Field(default=0, description="Committed versions stored here.")
+    versions: int = Field(
+        default=0,
+        description="Committed versions stored here, as the placement service counts them "
+        "(copied by the operator from its counts ConfigMap every few seconds).",
+    )
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
