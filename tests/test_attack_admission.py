@@ -133,6 +133,13 @@ class Bed:
         )
         return result
 
+    def discard(self, name: str) -> None:
+        """Delete an unfinished location once the operator says so (it would otherwise
+        retry its setup for the rest of the session)."""
+        self.unfinished(name)
+        done = self.kubectl("delete", "location", name, "--wait=false")
+        assert done.returncode == 0, done.stderr
+
     def uid(self, name: str) -> str:
         return str(self.get("location", name)["metadata"]["uid"])
 
@@ -327,6 +334,7 @@ def test_a_status_forged_creation_does_not_adopt_someone_elses_bucket(
     assert (ready["status"], ready["reason"]) == ("False", "NameTaken"), ready
     with pytest.raises(Exception, match="NoSuchTagSet"):  # left untouched
         s3.client().get_bucket_tagging(Bucket=theirs)
+    bed.discard(loc)
 
 
 # --- organizations ---------------------------------------------------------------------
@@ -431,6 +439,7 @@ def test_the_placement_service_ignores_a_status_forged_ready_on_an_unfinished_lo
         f"organization {org!r} has no fallback location yet, so it takes no writes: "
         "add a Location to it and wait until the Location is Ready"
     )
+    bed.discard(loc)
 
 
 @on_the_bed
