@@ -191,6 +191,7 @@ def test_defaults_install_everything_with_etcd_as_three_members() -> None:
         + ["Secret"] * 4  # the webhook's TLS; etcd's server, peer and client TLS
         + ["NetworkPolicy"] * 3
         + ["StatefulSet", "ValidatingWebhookConfiguration"]
+        + ["ConfigMap"]  # the placement service's version counts
     )
     etcd = find(docs, "StatefulSet", "-etcd")
     assert etcd["spec"]["replicas"] == 3
@@ -377,6 +378,7 @@ WEBHOOKS = {
         ["CREATE", "UPDATE"],
         "/organization-picks",
     ),
+    "organization-delete.artifacts.o41.io": ("organizations", ["DELETE"], "/organization-delete"),
 }
 
 
@@ -480,14 +482,34 @@ def test_rbac_is_least_privilege() -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     }
+    # the placement service writes no Location or Organization, status included
     assert rules_of(docs, "ClusterRole", "-placement") == crud | {
-        (g, "locations/status", "patch"),
         ("authentication.k8s.io", "tokenreviews", "create"),
     }
+    # only the operator writes the ConfigMaps its records live in; the placement service
+    # reads them and writes its counts ConfigMap alone
+    configmaps = {("", "configmaps", v) for v in ("get", "list", "create", "patch")}
+    assert rules_of(docs, "Role", "-operator") == {("", "secrets", "get")} | configmaps
+    placement_rules = find(docs, "Role", "-placement")["rules"]
+    assert [r for r in placement_rules if r.get("resourceNames")] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["o41-version-counts"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    unnamed = [r for r in placement_rules if not r.get("resourceNames")]
+    assert {(g, res, v) for r in unnamed for g in r["apiGroups"] for res in r["resources"]
+            for v in r["verbs"]} == {
+        ("", "secrets", "get"),
+        *(("", "configmaps", v) for v in ("get", "list", "watch")),
+    }  # fmt: skip
+    counts = find(docs, "ConfigMap", "o41-version-counts")
+    assert counts["metadata"]["namespace"] == NAMESPACE and "data" not in counts
     for suffix in ("-operator", "-placement"):
         role = find(docs, "Role", suffix)
         assert role["metadata"]["namespace"] == NAMESPACE
-        assert rules_of(docs, "Role", suffix) == {("", "secrets", "get")}
         binding = find(docs, "RoleBinding", suffix)
         (subject,) = binding["subjects"]
         assert subject["name"] == find(docs, "ServiceAccount", suffix)["metadata"]["name"]

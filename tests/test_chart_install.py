@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from o41.testbed.kube import kubectl_binary
 from o41.testbed.process import LOOPBACK, Server, free_port
@@ -34,6 +34,7 @@ from o41.testbed.stores import S3Store
 from test_chart import CHART, helm
 
 from fixtures.kube import Kube
+from support import token_kubeconfig as kubeconfig_for
 from support import wait_for
 
 pytestmark = [pytest.mark.kube]
@@ -230,19 +231,13 @@ def test_an_upgrade_with_one_etcd_tls_secret_missing_stops_and_with_none_makes_a
 
 def token_kubeconfig(kube: Kube, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig that is that ServiceAccount: its token, the cluster's server and CA."""
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
     token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
-        "current-context": "c",
-    }
-    path.write_text(json.dumps(config))
-    return path
+    return kubeconfig_for(kube.kubeconfig, token, account, path)
+
+
+def refused(log: str) -> bool:
+    """A 403 or Forbidden in a log (not the milliseconds of a time stamp, like ",403]")."""
+    return "Forbidden" in log or re.search(r"(?<![,.\d])403\b", log) is not None
 
 
 def can_i(kubeconfig: Path, *args: str) -> bool:
@@ -266,7 +261,16 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
     assert can_i(operator_kc, "patch", "locations.artifacts.o41.io")
     assert can_i(operator_kc, "get", "secrets", "-n", ns)
     assert can_i(service_kc, "create", "tokenreviews.authentication.k8s.io")
-    assert can_i(service_kc, "patch", "locations.artifacts.o41.io", "--subresource=status")
+    # the operator's records: only it writes ConfigMaps there; the service reads them and
+    # writes its counts ConfigMap alone, and no Location status
+    assert can_i(operator_kc, "create", "configmaps", "-n", ns)
+    assert can_i(operator_kc, "patch", "configmaps", "-n", ns)
+    assert can_i(service_kc, "watch", "configmaps", "-n", ns)
+    assert can_i(service_kc, "update", "configmaps/o41-version-counts", "-n", ns)
+    assert not can_i(service_kc, "patch", "configmaps/o41-location-x", "-n", ns)
+    assert not can_i(service_kc, "create", "configmaps", "-n", ns)
+    assert not can_i(service_kc, "patch", "locations.artifacts.o41.io", "--subresource=status")
+    assert not can_i(operator_kc, "create", "configmaps", "-n", "default")
     for kc in (operator_kc, service_kc):
         assert not can_i(kc, "delete", "locations.artifacts.o41.io")
         assert not can_i(kc, "create", "organizations.artifacts.o41.io")
@@ -361,7 +365,7 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
             what="the organization's fallback",
         )
         log = operator.tail(400)
-        assert "403" not in log and "Forbidden" not in log, log
+        assert not refused(log), log
         # this operator, with the chart's token, did the work (not another one running)
         done = (f"[{loc}] Creation is processed", f"[{loc}] Resuming is processed")
         assert any(line in log for line in done), log
@@ -399,8 +403,17 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
         )  # fmt: skip
         assert read.returncode == 0, read.stderr + service.tail(50)
         assert out.read_bytes() == data.read_bytes()
+        # the count, written by the service to its ConfigMap, copied by the operator
+        wait_for(
+            lambda: (
+                (release.get("location", loc, namespaced=False).get("status") or {}).get("versions")
+                == 1
+            ),
+            timeout=60,
+            what="status.versions to show the version",
+        )
         slog = service.tail(400)
-        assert "403" not in slog and "Forbidden" not in slog, slog
+        assert not refused(slog), slog
     finally:
         service.stop()
         operator.stop()

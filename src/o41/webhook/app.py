@@ -78,9 +78,10 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     api = kubernetes_client(settings)
     app[KUBE_API] = api
     app[placement.SECRETS] = Secrets(api, settings.secrets_namespace)
-    watcher = Watcher(api, app[placement.VIEW], asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    watcher = Watcher(api, app[placement.VIEW], loop, settings.secrets_namespace)
     watcher.start()
-    counts = VersionCounts(app[STORE], api, settings.usage_interval)
+    counts = VersionCounts(app[STORE], api, settings.secrets_namespace, settings.usage_interval)
     app[placement.COUNTS] = counts
     shower = asyncio.create_task(counts.run())
     yield
