@@ -44,6 +44,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from o41.collections.checks import BadRequest, CollectionError, Unavailable
 from o41.collections.engine import Engine
+from o41.jsonlimits import TooDeep, check_depth
 from o41.state import EtcdTls, StoreUnavailable, open_store, store_settings
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
@@ -144,7 +145,10 @@ def setup(app: web.Application, options: Options | None = None) -> None:
 async def handle(request: web.Request) -> web.Response:
     body = await request.read()
     try:
+        check_depth(body, what="the body")
         args = json.loads(body) if body else {}
+    except TooDeep as e:
+        raise problem(400, str(e)) from None
     except (ValueError, UnicodeDecodeError):
         raise problem(400, "the body must be a JSON object of the operation's arguments") from None
     m = request.match_info
@@ -252,7 +256,10 @@ async def _recheck(credential: auth.Credential) -> auth.Caller | None:
 async def _answer(engine: Engine, namespace: str, data: str) -> str:
     """The answer to one WebSocket message, refusals included (the socket stays open)."""
     try:
+        check_depth(data, what="the message")
         message = json.loads(data)
+    except TooDeep as e:
+        return _refusal(None, 400, str(e))
     except ValueError:
         message = None
     if not isinstance(message, dict):

@@ -1,0 +1,182 @@
+"""Hostile input gets a 4xx that says what was wrong, never a 500, over HTTP and over the
+WebSocket (whose socket stays open): bodies and keys nested deep, a wrong method, a
+TokenReview the Kubernetes API cannot answer.
+
+The collections' service is the real aiohttp app on 127.0.0.1 (ServiceThread); the
+placement service is the real process of the test bed (a real TokenReview).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as kube_client
+
+from o41.state.memory import MemoryStore
+from o41.testbed.process import LOOPBACK, free_port
+from o41.testbed.product import PlacementProcess
+from o41.webhook import auth
+from test_collections_support import ServiceThread
+from test_collections_websocket import exchange, op
+
+from fixtures.kube import Kube
+
+
+@pytest.fixture
+def service() -> Iterator[ServiceThread]:
+    running = ServiceThread(MemoryStore).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def request(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    token: str | None = "token-a",
+) -> tuple[int, dict[str, str], Any]:
+    """One HTTP request: the status, the headers and the JSON answer."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or LOOPBACK, parts.port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    conn.request(method, path, body, headers)
+    response = conn.getresponse()
+    status, answer, data = response.status, dict(response.getheaders()), response.read()
+    conn.close()
+    return status, answer, json.loads(data)
+
+
+DEEP_BODY = b"[" * 100_000
+DEEP_KEY = "(" + "[" * 4_000  # a key's canonical text: a tag, then a JSON array
+
+
+def test_a_deep_body_is_refused_before_it_is_parsed(service: ServiceThread) -> None:
+    status, _, body = request(service.url, "POST", "/v1/collections/job/dict/d/get", DEEP_BODY)
+    assert status == 400, body
+    assert "holds 100000 arrays and objects" in body["error"]
+    deep = json.dumps({"key": "sk", "pad": json.loads("[" * 40 + "]" * 40)}).encode()
+    status, _, body = request(service.url, "POST", "/v1/collections/job/dict/d/get", deep)
+    assert status == 400 and "nests 41 levels deep" in body["error"]
+
+
+def test_a_deep_key_is_refused_before_it_is_parsed(service: ServiceThread) -> None:
+    args = json.dumps({"key": DEEP_KEY}).encode()
+    status, _, body = request(service.url, "POST", "/v1/collections/job/dict/d/get", args)
+    assert status == 400, body
+    assert "not an encoded key" in body["error"] and "a key's array" in body["error"]
+
+
+def test_deep_messages_get_an_answer_and_the_socket_stays_open(service: ServiceThread) -> None:
+    answers = service.run(
+        exchange(
+            service.url,
+            "[" * 100_000,
+            op(1, args={"key": DEEP_KEY}),
+            op(2, op="set", args={"key": "sk", "value": "aGk="}),
+            op(3, args={"key": "sk"}),
+        )
+    )
+    assert answers[0]["status"] == 400 and "arrays and objects" in answers[0]["error"]
+    assert answers[1]["id"] == 1 and answers[1]["status"] == 400
+    assert "not an encoded key" in answers[1]["error"]
+    assert answers[2] == {"id": 2, "status": 200, "result": {}}
+    assert answers[3] == {"id": 3, "status": 200, "result": {"found": True, "value": "aGk="}}
+
+
+def test_a_wrong_method_is_405_with_allow(service: ServiceThread) -> None:
+    status, headers, body = request(service.url, "GET", "/v1/collections/job/dict/d/get")
+    assert status == 405, body
+    assert headers["Allow"] == "POST"
+    assert body == {"error": "GET is not allowed on /v1/collections/job/dict/d/get: use POST"}
+    status, headers, body = request(service.url, "DELETE", "/v1/collections")
+    assert status == 405 and "GET" in headers["Allow"] and "use GET" in body["error"]
+
+
+def test_a_status_aiohttp_names_keeps_its_meaning() -> None:
+    from o41.webhook.errors import problem
+
+    for status in (405, 408, 413, 418, 429, 451, 501, 507):
+        error = problem(status, "why", headers={"Retry-After": "3"})
+        assert error.status == status
+        assert json.loads(error.text or "") == {"error": "why"}
+        assert error.headers["Retry-After"] == "3"
+
+
+def unreachable_api() -> Any:
+    """A Kubernetes client of an API server that is away (nothing listens on its port)."""
+    configuration = kube_client.Configuration()
+    configuration.host = f"http://{LOOPBACK}:{free_port()}"
+    configuration.retries = 0
+    return kube_client.ApiClient(configuration)
+
+
+def test_a_tokenreview_that_cannot_be_made_is_503_with_retry_after() -> None:
+    api = unreachable_api()
+    running = ServiceThread(MemoryStore)
+    running.tokens = auth.KubernetesTokenReviewer(api)  # type: ignore[assignment]
+    running.start()
+    try:
+        status, headers, body = request(running.url, "POST", "/v1/collections/job/dict/d/len")
+        assert status == 503, body
+        assert headers["Retry-After"] == str(auth.RETRY_AFTER)
+        assert "the token could not be checked now" in body["error"]
+        assert "try again" in body["error"]
+    finally:
+        running.stop()
+        api.close()
+
+
+def test_a_tokenreview_down_refuses_the_websocket_upgrade_with_503(service: ServiceThread) -> None:
+    service.tokens.down = True
+    parts = urllib.parse.urlsplit(service.url)
+    conn = http.client.HTTPConnection(parts.hostname or LOOPBACK, parts.port, timeout=30)
+    conn.request(
+        "GET",
+        "/v1/collections",
+        headers={
+            "Authorization": "Bearer token-a",
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    )
+    response = conn.getresponse()
+    assert response.status == 503
+    assert response.getheader("Retry-After") == str(auth.RETRY_AFTER)
+    assert "could not be checked" in json.loads(response.read())["error"]
+    conn.close()
+
+
+# the placement service (a real process, a real TokenReview)
+
+
+@pytest.fixture(scope="module")
+def pod_token(kube: Kube, placement: PlacementProcess) -> str:
+    namespace = "attack-input"
+    kube.kubectl("create", "namespace", namespace, check=False)
+    return kube.kubectl("-n", namespace, "create", "token", "default").strip()
+
+
+@pytest.mark.kube
+@pytest.mark.etcd
+def test_placement_refuses_deep_bodies_and_wrong_methods(
+    placement: PlacementProcess, pod_token: str
+) -> None:
+    status, _, body = request(placement.url, "POST", "/v1/writes", DEEP_BODY, pod_token)
+    assert status == 400 and "arrays and objects" in body["error"], body
+    nested = b'{"organization": "o", "artifact": "a", "place": ' + b"[" * 50 + b"]" * 50 + b"}"
+    status, _, body = request(placement.url, "POST", "/v1/writes", nested, pod_token)
+    assert status == 400 and "nests 51 levels deep" in body["error"], body
+    status, headers, body = request(placement.url, "GET", "/v1/writes", None, pod_token)
+    assert status == 405 and headers["Allow"] == "POST", body
