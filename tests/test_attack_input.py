@@ -8,23 +8,31 @@ placement service is the real process of the test bed (a real TokenReview).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client as kube_client
 
+from o41.collections.transport import LimitReached
+from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
+from o41.testbed.etcd import EtcdCluster
 from o41.testbed.process import LOOPBACK, free_port
 from o41.testbed.product import PlacementProcess
 from o41.webhook import auth
+from o41.webhook import collections as routes
+from o41.webhook.quota import Limits
 from test_collections_support import ServiceThread
 from test_collections_websocket import exchange, op
 
 from fixtures.kube import Kube
+from support import wait_for
 
 
 @pytest.fixture
@@ -180,3 +188,138 @@ def test_placement_refuses_deep_bodies_and_wrong_methods(
     assert status == 400 and "nests 51 levels deep" in body["error"], body
     status, headers, body = request(placement.url, "GET", "/v1/writes", None, pod_token)
     assert status == 405 and headers["Allow"] == "POST", body
+
+
+# quota per namespace, rate per token: against the real etcd
+
+
+def quota_service(cluster: EtcdCluster, limits: Limits) -> tuple[ServiceThread, str, str]:
+    """A service on ``cluster`` with ``limits``, and two tokens of fresh namespaces."""
+    first, second = (f"quota-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    running = ServiceThread(
+        lambda: EtcdStore(cluster.endpoints, timeout=5),
+        routes.Options(limits=limits),
+        tokens={"token-full": first, "token-other": second},
+    ).start()
+    return running, first, second
+
+
+@pytest.mark.etcd
+def test_a_namespace_at_its_quota_is_refused_others_are_not(state_etcd: EtcdCluster) -> None:
+    limits = Limits(bytes=96 * 1024, entries=10_000, recount=3600)  # no background count
+    service, namespace, _ = quota_service(state_etcd, limits)
+    try:
+        full = service.client("token-full").dict("d")
+        other = service.client("token-other").dict("d")
+        value = b"v" * 20_000
+        stored, refused = fill(full, value)
+        assert 1 <= stored < 5
+        message = str(refused)
+        assert refused.status == 429
+        assert "this namespace's collections hold" in message and "of its 96.0 KiB quota" in message
+        assert "delete entries or clear collections" in message
+        assert "placement.collectionLimits.bytesPerNamespace" in message
+        quota = service.app[routes.COLLECTIONS].quota if service.app else None
+        assert quota is not None
+        counts = quota.counts
+        for i in range(20):
+            other[i] = value[:1000]  # another namespace: its own quota
+        assert quota.counts == counts + 1  # one first count, then none on the hot path
+        status, headers, body = request(
+            service.url, "POST", "/v1/collections/job-1/dict/d/set", _set(99, value), "token-full"
+        )
+        assert status == 429 and "Retry-After" not in headers and "quota" in body["error"]
+        status, _, usage = request(service.url, "GET", "/v1/collections/usage", None, "token-full")
+        assert status == 200 and usage["namespace"] == namespace
+        assert usage["entries"] == stored and stored * 20_000 < usage["bytes"] <= 96 * 1024
+        assert usage["limits"]["bytesPerNamespace"] == 96 * 1024
+        del full[0]  # room again, found at the next write's recount
+        full["again"] = value
+        assert full["again"] == value
+    finally:
+        service.stop()
+
+
+@pytest.mark.etcd
+def test_entries_are_limited_over_the_websocket_too(state_etcd: EtcdCluster) -> None:
+    service, _, _ = quota_service(state_etcd, Limits(entries=5, recount=3600))
+    try:
+        queue = service.client("token-full").queue("q")
+        for i in range(5):  # admitted by the estimate; the queue's sequence key is one more
+            queue.offer(i)
+        answers = service.run(
+            exchange(
+                service.url,
+                op(1, compute="job-1", kind="queue", name="q", op="offer", args={"value": "aGk="}),
+                op(2, compute="job-1", kind="queue", name="q", op="poll", args={}),
+                token="token-full",
+            )
+        )
+        assert answers[0]["status"] == 429  # by the estimate: 5 writes (etcd holds 6 keys)
+        assert "hold 5 entries, its quota is 5" in answers[0]["error"]
+        assert answers[1]["status"] == 200  # reads and claims go on: they make room
+        assert queue.poll() == 1
+        queue.offer("room")  # after the polls, a count finds the room
+    finally:
+        service.stop()
+
+
+@pytest.mark.etcd
+def test_the_rate_per_token_answers_429_and_recovers(state_etcd: EtcdCluster) -> None:
+    service, _, _ = quota_service(state_etcd, Limits(ops_per_second=5, bytes_per_second=1))
+    try:
+        refusals = []
+        for _ in range(40):  # a burst is 10 operations
+            status, headers, body = request(
+                service.url, "POST", "/v1/collections/job-1/dict/d/len", None, "token-full"
+            )
+            if status == 429:
+                refusals.append((headers, body))
+            else:
+                assert status == 200, body
+        assert refusals, "40 operations at once, 5 a second allowed: none refused"
+        headers, body = refusals[0]
+        assert int(headers["Retry-After"]) >= 1
+        assert "this token sends more than 5 operations" in body["error"]
+        assert "placement.collectionLimits.opsPerSecondPerToken" in body["error"]
+        status, _, _ = request(
+            service.url, "POST", "/v1/collections/job-1/dict/d/len", None, "token-other"
+        )
+        assert status == 200  # another token: its own bucket
+
+        def answered() -> bool | None:
+            status, _, _ = request(
+                service.url, "POST", "/v1/collections/job-1/dict/d/len", None, "token-full"
+            )
+            return status == 200 or None
+
+        wait_for(answered, 10, "the token's bucket refilled")
+        big = service.client("token-other").dict("big")  # 2 MiB of bytes a burst
+        stored, refused = fill(big, b"x" * 400_000)
+        assert stored <= 5 and "try again in" in str(refused)
+    finally:
+        service.stop()
+
+
+def fill(d: Any, value: bytes) -> tuple[int, LimitReached]:
+    """Store ``value`` under 0, 1, ... until refused: how many went in, and the refusal."""
+    for i in range(20):
+        try:
+            d[i] = value
+        except LimitReached as e:
+            return i, e
+    raise AssertionError("20 writes and none refused")
+
+
+def _set(key: int, value: bytes) -> bytes:
+    return json.dumps({"key": f"i{key}", "value": base64.b64encode(value).decode()}).encode()
+
+
+def test_limits_come_from_the_environment() -> None:
+    env = {"O41_COLLECTIONS_QUOTA_BYTES": "1048576", "O41_COLLECTIONS_RATE_OPS": "0"}
+    limits = Limits.from_environment(env)
+    assert limits.bytes == 1048576 and limits.ops_per_second == 0 and limits.entries == 50_000
+    with pytest.raises(ValueError, match="O41_COLLECTIONS_QUOTA_ENTRIES must be a number"):
+        Limits.from_environment({"O41_COLLECTIONS_QUOTA_ENTRIES": "many"})
+    with pytest.raises(ValueError, match="0 \\(no limit\\) or more"):
+        Limits.from_environment({"O41_COLLECTIONS_RATE_BYTES": "-1"})
