@@ -9,7 +9,8 @@ replica (a token bucket of two seconds' worth).
 
 Accuracy against cost: a strong operation must not pay an etcd round trip more, so the
 check is made in memory, against this replica's estimate of the namespace's usage: the
-last count (a paged, serializable range of the namespace's keys, made in the background
+last count (a paged range of the namespace's keys, linearizable, or serializable while
+etcd has no majority, made in the background
 every ``recount`` seconds while this replica takes the namespace's writes, bounded by the
 quota) plus every write this replica admitted since that count began, each counted as new
 (a key written again counts twice until the next count). The first write of a namespace
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from o41.collections.checks import ROOT, CollectionError
-from o41.state import Store
+from o41.state import Consistency, Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class Quota:
             return
         usage = self.namespaces.get(namespace)
         if usage is None:
-            usage = self.namespaces[namespace] = Usage()
+            usage = self.namespaces[namespace] = Usage(written=time.monotonic())
         if usage.counted_at is None:
             await self.count(namespace)  # the first write here: once per replica
         if self._over(usage, nbytes, entries) is not None:
@@ -281,7 +282,7 @@ class Quota:
         callers meanwhile wait for it)."""
         usage = self.namespaces.get(namespace)
         if usage is None:
-            usage = self.namespaces[namespace] = Usage()
+            usage = self.namespaces[namespace] = Usage(written=time.monotonic())
         if usage.counting is None:
             usage.counting = asyncio.get_running_loop().create_task(self._count(usage, namespace))
         task = usage.counting
@@ -296,20 +297,11 @@ class Quota:
         since_bytes, since_entries = usage.since_bytes, usage.since_entries
         usage.freed = False
         prefix = ROOT + namespace.encode() + b"/"
-        entries = nbytes = 0
-        start, limit = b"", 64
         try:
-            while True:
-                page = await self.store.range(
-                    prefix, limit=limit, consistency="eventual", start=start
-                )
-                page_bytes = sum(len(kv.key) + len(kv.value) for kv in page)
-                entries += len(page)
-                nbytes += page_bytes
-                if len(page) < limit:
-                    break
-                start = page[-1].key + b"\0"
-                limit = max(1, min(4096, PAGE_BYTES * len(page) // max(1, page_bytes)))
+            try:
+                nbytes, entries = await self._sizes(prefix, "strong")
+            except StoreUnavailable:  # no majority: what the nearest member has
+                nbytes, entries = await self._sizes(prefix, "eventual")
         except Exception as e:
             # the store cannot be read (not even one member): go on from what is known,
             # and count again soon
@@ -322,6 +314,21 @@ class Quota:
         usage.since_bytes -= since_bytes
         usage.since_entries -= since_entries
         usage.counted_at = time.monotonic()
+
+    async def _sizes(self, prefix: bytes, consistency: Consistency) -> tuple[int, int]:
+        """The bytes and keys under ``prefix``, a page at a time (of about
+        :data:`PAGE_BYTES`): a linearizable count sees every write and delete before it."""
+        entries = nbytes = 0
+        start, limit = b"", 64
+        while True:
+            page = await self.store.range(prefix, limit=limit, consistency=consistency, start=start)
+            page_bytes = sum(len(kv.key) + len(kv.value) for kv in page)
+            entries += len(page)
+            nbytes += page_bytes
+            if len(page) < limit:
+                return nbytes, entries
+            start = page[-1].key + b"\0"
+            limit = max(1, min(4096, PAGE_BYTES * len(page) // max(1, page_bytes)))
 
     async def run(self) -> None:
         """Count again, in the background, the namespaces this replica writes for, every
