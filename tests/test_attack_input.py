@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
+from o41.collections import values
 from o41.collections.transport import LimitReached
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
@@ -297,6 +298,24 @@ def test_the_rate_per_token_answers_429_and_recovers(state_etcd: EtcdCluster) ->
         big = service.client("token-other").dict("big")  # 2 MiB of bytes a burst
         stored, refused = fill(big, b"x" * 400_000)
         assert stored <= 5 and "try again in" in str(refused)
+    finally:
+        service.stop()
+
+
+@pytest.mark.etcd
+def test_the_usage_is_counted_page_by_page(state_etcd: EtcdCluster) -> None:
+    service, namespace, _ = quota_service(state_etcd, Limits())
+    try:
+        registry = service.client("token-full").registry("r")
+        for i in range(150):  # pages of 64 keys, then as many as 4 MiB hold
+            registry.register(f"model-{i}", b"w" * 100)
+        status, _, usage = request(service.url, "GET", "/v1/collections/usage", None, "token-full")
+        assert status == 200 and usage["namespace"] == namespace
+        assert usage["entries"] == 150
+        key = len(f"/o41/collections/{namespace}/job-1/registry/r/e/smodel-")
+        digits = sum(len(str(i)) for i in range(150))
+        value = len(values.dumps(b"w" * 100))  # the format byte and msgpack's header too
+        assert usage["bytes"] == 150 * (key + value) + digits
     finally:
         service.stop()
 
