@@ -213,7 +213,8 @@ async def perform(
         quota.take(token, sent(args))
         more = cost(namespace, compute, kind, name, op, args)
         if more:
-            await quota.admit(namespace, more)
+            if not quota.fits(namespace, more):
+                await quota.admit(namespace, more)
         elif (kind, op) in FREEING:
             quota.freed(namespace)
     try:
@@ -333,8 +334,8 @@ def _refusal(ident: object, status: int, error: str, retry_after: int | None = N
 
 
 async def usage(request: web.Request) -> web.Response:
-    """``GET /v1/collections/usage``: the caller's namespace's collections, counted now
-    (keys and values as etcd stores them), with the limits that apply."""
+    """``GET /v1/collections/usage``: the caller's namespace's collections (keys and values
+    as etcd stores them), counted at most a second ago, with the limits that apply."""
     holder = request.app[COLLECTIONS]
     quota = holder.quota
     if quota is None:
@@ -345,7 +346,9 @@ async def usage(request: web.Request) -> web.Response:
     except LimitReached as e:
         retry = {} if e.retry_after is None else {"Retry-After": str(e.retry_after)}
         raise problem(e.status, str(e), headers=retry) from None
-    found = await quota.count(namespace)
+    found = quota.namespaces.get(namespace)
+    if found is None or found.counted_at is None or time.monotonic() - found.counted_at > 1:
+        found = await quota.count(namespace)  # at most one count a second: it reads it all
     if found.counted_at is None or time.monotonic() - found.counted_at > quota.limits.recount:
         raise problem(503, "the state store cannot answer now: try again")
     limits = quota.limits
@@ -356,9 +359,10 @@ async def usage(request: web.Request) -> web.Response:
             "entries": found.entries,
             "limits": limits.public(),
             "accuracy": (
-                "bytes and entries: counted now, keys and values as etcd stores them; the "
-                "limits are checked per service replica against a count at most "
-                f"{limits.recount:g} s old plus that replica's writes since"
+                "bytes and entries: keys and values as etcd stores them, counted at most 1 s "
+                "ago (plus this replica's writes since); the limits are checked per service "
+                f"replica against a count at most {limits.recount:g} s old plus that "
+                "replica's writes since"
             ),
         }
     )

@@ -179,6 +179,8 @@ class Quota:
         self.limits = limits
         self.namespaces: dict[str, Usage] = {}
         self._buckets: dict[str, _Bucket] = {}
+        self._ops_burst = limits.ops_per_second * BURST
+        self._bytes_burst = max(limits.bytes_per_second * BURST, 2 * MiB)  # a value fits
         self.counts = 0  # how many counts were made (tests, logs)
 
     # the rate, per token
@@ -190,8 +192,7 @@ class Quota:
         if not ops_rate and not bytes_rate:
             return
         now = time.monotonic()
-        ops_burst = ops_rate * BURST
-        bytes_burst = max(bytes_rate * BURST, 2 * MiB)  # a value at the limit always fits
+        ops_burst, bytes_burst = self._ops_burst, self._bytes_burst
         bucket = self._buckets.get(token)
         if bucket is None:
             if len(self._buckets) > 10_000:
@@ -223,6 +224,23 @@ class Quota:
         self._buckets = {t: b for t, b in self._buckets.items() if now - b.at < BURST}
 
     # the quota, per namespace
+
+    def fits(self, namespace: str, nbytes: int) -> bool:
+        """The hot path of :meth:`admit`, without a coroutine: count a write of one entry
+        and ``nbytes`` bytes if it fits the estimate of a counted namespace; False when
+        :meth:`admit` must decide (count first, or refuse)."""
+        usage = self.namespaces.get(namespace)
+        if usage is None or usage.counted_at is None:
+            return False
+        limits = self.limits
+        if (limits.bytes and usage.counted_bytes + usage.since_bytes + nbytes > limits.bytes) or (
+            limits.entries and usage.counted_entries + usage.since_entries >= limits.entries
+        ):
+            return False
+        usage.since_bytes += nbytes
+        usage.since_entries += 1
+        usage.written = time.monotonic()
+        return True
 
     async def admit(self, namespace: str, nbytes: int, entries: int = 1) -> None:
         """Count a write of ``nbytes`` more bytes and ``entries`` more keys for
@@ -281,8 +299,8 @@ class Quota:
         """Count ``namespace``'s keys and bytes now (one count at a time per namespace:
         callers meanwhile wait for it)."""
         usage = self.namespaces.get(namespace)
-        if usage is None:
-            usage = self.namespaces[namespace] = Usage(written=time.monotonic())
+        if usage is None:  # asked for its usage, not written here: not counted again
+            usage = self.namespaces[namespace] = Usage()
         if usage.counting is None:
             usage.counting = asyncio.get_running_loop().create_task(self._count(usage, namespace))
         task = usage.counting
