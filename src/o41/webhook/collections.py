@@ -357,6 +357,11 @@ async def usage(request: web.Request) -> web.Response:
             "namespace": namespace,
             "bytes": found.bytes,
             "entries": found.entries,
+            "counted": {  # the count alone; bytes and entries add this replica's writes since
+                "bytes": found.counted_bytes,
+                "entries": found.counted_entries,
+                "secondsAgo": round(time.monotonic() - found.counted_at, 3),
+            },
             "limits": limits.public(),
             "accuracy": (
                 "bytes and entries: keys and values as etcd stores them, counted at most 1 s "
