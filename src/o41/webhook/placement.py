@@ -28,6 +28,7 @@ from o41.core.parts import (
 )
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import Place, locality
+from o41.jsonlimits import TooDeep, check_depth
 from o41.locations import bucket_ref
 from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.storage import Bucket, SignedRequest, StorageError, open_bucket
@@ -127,7 +128,10 @@ async def parse(request: web.Request, model: type[Model]) -> Any:
         raise problem(415, "send a JSON body with Content-Type: application/json")
     try:
         raw = await request.read()
+        check_depth(raw, what="the body")
         return model.model_validate_json(raw)
+    except TooDeep as e:
+        raise problem(400, f"invalid request: {e}") from None
     except ValidationError as e:
         fields = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"

@@ -175,7 +175,7 @@ async def _caller(request: web.Request, token: str) -> auth.Caller | None:
     reviewer = request.app[REVIEWER]
     if not token and not isinstance(reviewer, auth.NoAuthentication):
         return None
-    return await reviewer.review(token)
+    return await auth.review(reviewer, token)
 
 
 def _token(request: web.Request) -> str:
