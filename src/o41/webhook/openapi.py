@@ -97,6 +97,15 @@ class CollectionOut(Out):
     """The operation's result: its fields depend on the operation (see docs/collections.md)."""
 
 
+class CollectionsUsage(Out):
+    """The caller's namespace's collections against its limits."""
+
+    namespace: str
+    bytes: int
+    entries: int
+    limits: dict[str, int]
+
+
 class Health(Out):
     status: str
 
@@ -110,6 +119,7 @@ _MODELS: list[type[BaseModel]] = [
     ReadOut,
     UsageOut,
     CollectionOut,
+    CollectionsUsage,
     Health,
 ]
 
@@ -254,6 +264,14 @@ def document() -> dict[str, Any]:
                         "content": {"application/json": {"schema": _collection_args()}},
                     },
                     "responses": _answers(200, CollectionOut, "the operation's result"),
+                }
+            },
+            "/v1/collections/usage": {
+                "get": {
+                    "operationId": "collectionsUsage",
+                    "summary": "The bytes and entries the caller's namespace keeps in "
+                    "collections, and its limits",
+                    "responses": _answers(200, CollectionsUsage, "the namespace's usage"),
                 }
             },
             "/v1/collections": {
