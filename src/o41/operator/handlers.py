@@ -277,8 +277,9 @@ def check_bucket(
     if record is None or not record.ever_ready:
         return  # still being set up: set_up_bucket owns the condition
     generation = meta.get("generation")
+    ref = bucket_ref(name, uid, spec, credentials_for(spec))
     try:
-        open_bucket(bucket_ref(name, uid, spec, credentials_for(spec))).check()
+        open_bucket(ref).check()
     except (SetupFailed, SecretMissing) as e:
         reason, message = _why(e)
         _save(record.with_(ready=False))  # no writes go there from now on
@@ -287,8 +288,10 @@ def check_bucket(
         return
     if not record.ready:
         _save(record.with_(ready=True))
-    if _ready_condition(status).get("status") != "True":
-        message = f"bucket {status.get('bucket')!r} is reachable again"
+    # Recovered: only a Ready condition this check (or a setup) turned False. With none yet,
+    # set_up_bucket's status patch is still on its way and owns the condition.
+    if _ready_condition(status).get("status") == "False":
+        message = f"bucket {ref.bucket!r} is reachable again"
         _set_ready(patch, status, generation, ok=True, reason="BucketReady", message=message)
         kopf.event(body, type="Normal", reason="BucketRecovered", message=message)
 
