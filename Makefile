@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean
+.PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean \
+	image
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
@@ -21,6 +22,11 @@ bins:
 azurite:
 	@hack/install-azurite.sh >/dev/null
 
+# The app, etcd and pause images with podman from Debian's packages (no Docker, no
+# registry); rebuilt only when what goes into them changes. Prints their references.
+image:
+	@hack/image.sh
+
 # Debian's Chromium for the usage page's browser test (Playwright drives it; it never
 # downloads a browser of its own).
 chromium:
@@ -34,7 +40,7 @@ lint: deps
 typecheck: deps
 	$(BIN)/mypy
 
-test: deps bins azurite chromium lint typecheck
+test: deps bins azurite chromium image lint typecheck
 	$(BIN)/pytest
 
 unit: deps
