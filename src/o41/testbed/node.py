@@ -82,13 +82,15 @@ def preflight() -> list[str]:
 
 @dataclass
 class RealNode:
-    """A kubelet registered as ``NODE_NAME`` with the control plane, tainted so that only
-    pods that tolerate ``TAINT`` land on it."""
+    """A kubelet registered as ``NODE_NAME`` with the control plane. ``taint``: only pods
+    that tolerate ``TAINT`` land on it (beside kwok nodes, which stay the default); without,
+    it is a node like any other (the only one of a control plane without kwok nodes)."""
 
     control_plane: ControlPlane
     bins: Path
     directory: Path
     images: Images
+    taint: bool = True
     servers: list[Server] = field(default_factory=list)
     started_in: float = 0.0  # seconds from start() to a Ready node with its proxy synced
     leftovers: list[str] = field(default_factory=list)  # what stop() could not put back
@@ -360,7 +362,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
             "podLogsDir": str(self.directory / "pod-logs"),
             "volumePluginDir": str(self.directory / "volume-plugins"),
             "staticPodPath": "",
-            "registerWithTaints": [TAINT],
+            "registerWithTaints": [TAINT] if self.taint else [],
             "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE here to lower it
             "imageGCHighThresholdPercent": 100,  # the imported images are all there is
             "imageGCLowThresholdPercent": 99,
@@ -697,6 +699,11 @@ def cleanup() -> list[str]:
             os.kill(pid, 9)
     _wait_gone(CGROUP_ROOT)
     stuck = host.unmount_below(directory)
+    # A pod's veth goes with its network namespace, but that can outlive every process in
+    # it: a socket closed towards a peer that is gone keeps it for minutes. The veths on
+    # the bridge go now (deleting one end deletes the pair), then the bridge.
+    for line in _run("ip", "-o", "link", "show", "master", BRIDGE, check=False).splitlines():
+        _run("ip", "link", "del", line.split(":")[1].strip().split("@")[0], check=False)
     _run("ip", "link", "del", BRIDGE, check=False)
     host.restore_iptables(before)
     host.restore_sysctls(before["sysctls"])
