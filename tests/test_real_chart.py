@@ -16,14 +16,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from o41.client.artifacts import ArtifactError, Artifacts
+from o41.core.places import Place
 from o41.testbed.kube import kubectl
 from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
 from o41.testbed.stores import S3Store, start_s3
@@ -280,3 +283,206 @@ def test_the_example_job_completes_on_real_pods(installed: Installed) -> None:
     bucket = installed.json("location", "aws-us-east-1")["status"]["bucket"]
     keys = [o["Key"] for o in installed.s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert len(keys) >= 2, keys
+
+
+# --- lifecycle: what the chart promises while it is upgraded and its pods go -----------------
+
+
+@dataclass
+class WriteLoop:
+    """Versions written one after another through the placement Service, as a pod would
+    (its ServiceAccount token, its place), from a thread; every outcome is kept."""
+
+    artifacts: Artifacts
+    source: Path
+    artifact: str
+    written: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> WriteLoop:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        wait_for(lambda: len(self.written) >= 3 or self.failed, timeout=60, what="writes")
+        assert not self.failed, self.failed
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.written.append(self.artifacts.write("ml", self.artifact, self.source).version)
+            except ArtifactError as e:
+                self.failed.append(f"after {len(self.written)} writes: {e}")
+
+    def more(self, count: int = 3) -> None:
+        """Wait until ``count`` more writes were acknowledged."""
+        target = len(self.written) + count
+        wait_for(lambda: len(self.written) >= target, timeout=60, what=f"{count} more writes")
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=120)
+
+
+def write_loop(installed: Installed, artifact: str) -> WriteLoop:
+    """A loop writing as the Job's pods do: the default ServiceAccount of ml-training."""
+    installed.kubectl("create", "namespace", "ml-training", check=False)
+    token = installed.kubectl(
+        "create", "token", "default", "-n", "ml-training", "--duration=1h"
+    ).strip()
+    (installed.directory / "token").write_text(token)
+    (installed.directory / "payload").write_bytes(os.urandom(4096))
+    service = installed.json("service", f"{FULLNAME}-placement", "-n", NAMESPACE)
+    # the test process reaches the Service's ClusterIP through kube-proxy's rules, as a pod
+    endpoint = f"http://{service['spec']['clusterIP']}:8080"
+    artifacts = Artifacts(
+        endpoint=endpoint,
+        token_file=str(installed.directory / "token"),
+        place=Place("aws", "us-east-1", "env"),
+        timeout=30,
+    )
+    return WriteLoop(artifacts, installed.directory / "payload", artifact)
+
+
+def placement_pods(installed: Installed) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in installed.pods()
+        if p["metadata"]["labels"]["app.kubernetes.io/component"] == "placement"
+    ]
+
+
+def rolled_out(installed: Installed, image: str, gone: set[str]) -> bool:
+    """2 placement pods, all Ready, all of ``image``, none of the names in ``gone``."""
+    pods = placement_pods(installed)
+    return (
+        len(pods) == 2
+        and not {p["metadata"]["name"] for p in pods} & gone
+        and all(p["spec"]["containers"][0]["image"] == image for p in pods)
+        and all_ready(installed)
+    )
+
+
+def test_a_helm_upgrade_to_a_new_image_tag_rolls_the_service_with_no_failed_write(
+    installed: Installed,
+) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    installed.kubectl("wait", "--for=condition=Ready", "location/aws-us-east-1", "--timeout=180s")
+    repository, tag = split(installed.node.images.app)
+    new = f"{repository}:{tag}-next"  # the same bytes under a new tag, as a release would be
+    subprocess.run([*installed.node.ctr(), "images", "tag", "--force",
+                    installed.node.images.app, new], check=True, capture_output=True)  # fmt: skip
+    old = {p["metadata"]["name"] for p in placement_pods(installed)}
+    with write_loop(installed, "rolling") as loop:
+        done = helm_run(
+            installed.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--reuse-values", "--set", f"image.tag={tag}-next",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_for(lambda: rolled_out(installed, new, old), timeout=300, what="the rollout")
+        loop.more()
+    assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
+
+
+def test_deleting_a_placement_pod_fails_no_write(installed: Installed) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    pods = placement_pods(installed)
+    image = pods[0]["spec"]["containers"][0]["image"]
+    victim = pods[0]["metadata"]["name"]
+    with write_loop(installed, "deleted-pod") as loop:
+        installed.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--wait=false")
+        wait_for(lambda: rolled_out(installed, image, {victim}), timeout=300, what="a new pod")
+        loop.more()
+    assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
+
+
+def etcd_pod(installed: Installed, index: int) -> dict[str, Any]:
+    pod: dict[str, Any] = installed.json("pod", f"{FULLNAME}-etcd-{index}", "-n", NAMESPACE)
+    return pod
+
+
+def test_deleting_an_etcd_member_loses_no_acknowledged_write(installed: Installed) -> None:
+    """The StatefulSet brings the member back on its claim; every write the service
+    acknowledged meanwhile can be read back afterwards."""
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    uid = etcd_pod(installed, 0)["metadata"]["uid"]
+    with write_loop(installed, "etcd-member") as loop:
+        installed.kubectl("delete", "pod", "-n", NAMESPACE, f"{FULLNAME}-etcd-0", "--wait=false")
+
+        def back() -> bool:
+            pod = etcd_pod(installed, 0)
+            return pod["metadata"]["uid"] != uid and all_ready(installed)
+
+        wait_for(back, timeout=300, what="etcd-0 back and Ready")
+        loop.more()
+    acknowledged = list(loop.written)
+    reader = loop.artifacts
+    lost = []
+    for version in acknowledged:
+        try:
+            reader.read("ml", "etcd-member", version, installed.directory / "read-back")
+        except ArtifactError as e:
+            lost.append(f"{version}: {e}")
+    assert lost == [], f"{len(lost)} of {len(acknowledged)} acknowledged writes lost"
+    assert (installed.directory / "read-back").read_bytes() == loop.source.read_bytes()
+
+
+def bucket_names(installed: Installed) -> set[str]:
+    return {b["Name"] for b in installed.s3.client().list_buckets()["Buckets"]}
+
+
+def test_deleting_the_operator_during_location_creations_makes_one_bucket_each(
+    installed: Installed,
+) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    before = bucket_names(installed)
+    names = []
+    for region in ("us-west-2", "eu-west-1", "ap-south-1"):
+        _, location = location_on_the_stand_in(installed.s3)
+        location["metadata"]["name"] = name = f"aws-{region}"
+        location["spec"]["region"] = region
+        installed.kubectl("apply", "-f", "-", input=json.dumps(location))
+        names.append(name)
+    [operator] = [
+        p["metadata"]["name"]
+        for p in installed.pods()
+        if p["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    ]
+    installed.kubectl("delete", "pod", "-n", NAMESPACE, operator, "--wait=false")
+    for name in names:
+        installed.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=300s")
+    made = bucket_names(installed) - before
+    recorded = {installed.json("location", n)["status"]["bucket"] for n in names}
+    assert made == recorded
+    assert len(made) == len(names)
+
+
+def test_helm_uninstall_keeps_the_crds_and_organizations_and_nothing_else(
+    installed: Installed,
+) -> None:
+    done = helm_run(installed.kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE,
+                    "--wait")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for crd in ("locations.artifacts.o41.io", "organizations.artifacts.o41.io"):
+        installed.kubectl("get", "crd", crd)
+    assert installed.json("organization", "ml")["metadata"]["name"] == "ml"
+    wait_for(lambda: not installed.pods(), timeout=120, what="the release's pods to go")
+    left = installed.kubectl(
+        "get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,pdb,pvc",
+        "-n", NAMESPACE, "-o", "name",
+    ).split()  # fmt: skip
+    assert sorted(left) == sorted(
+        [
+            "configmap/kube-root-ca.crt",  # Kubernetes' own, in every namespace
+            "serviceaccount/default",
+            "secret/aws-credentials",  # the user's, applied with the Location
+            # a StatefulSet's claims outlive it (Kubernetes keeps them): the state store's data
+            *(f"persistentvolumeclaim/data-{FULLNAME}-etcd-{i}" for i in range(3)),
+        ]
+    )
+    cluster_wide = installed.kubectl(
+        "get", "clusterroles,clusterrolebindings,validatingwebhookconfigurations", "-o", "name"
+    )
+    assert FULLNAME not in cluster_wide
