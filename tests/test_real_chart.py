@@ -31,6 +31,7 @@ from o41.testbed.kube import kubectl
 from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
 from o41.testbed.stores import S3Store, start_s3
 from test_chart import CHART, REPO, helm
+from test_real_node import finished, pod
 
 from support import wait_for
 
@@ -427,6 +428,29 @@ def test_deleting_an_etcd_member_loses_no_acknowledged_write(installed: Installe
             lost.append(f"{version}: {e}")
     assert lost == [], f"{len(lost)} of {len(acknowledged)} acknowledged writes lost"
     assert (installed.directory / "read-back").read_bytes() == loop.source.read_bytes()
+
+    # strong collections answer again, to a real pod of the organization's namespace
+    script = (
+        "import json\n"
+        "from o41 import sky\n"
+        "counter = sky.counter('after-etcd')\n"
+        "counter.add(2)\n"
+        "shared = sky.dict('after-etcd')\n"
+        "shared['member'] = 'back'\n"
+        "print(json.dumps({'counter': counter.get(), 'member': shared['member']}))\n"
+    )
+    strong = pod("strong", "ml-training", installed.node.images.app, script)
+    strong["spec"]["containers"][0]["env"] = [
+        {"name": "O41_ARTIFACTS_ENDPOINT",
+         "value": f"http://{FULLNAME}-placement.{NAMESPACE}.svc:8080"},
+        {"name": "O41_COMPUTE", "value": "after-etcd"},
+        {"name": "O41_ARTIFACTS_CLOUD", "value": "aws"},
+        {"name": "O41_ARTIFACTS_REGION", "value": "us-east-1"},
+    ]  # fmt: skip
+    installed.kubectl("apply", "-f", "-", input=json.dumps(strong))
+    assert finished(installed.kubeconfig, "ml-training", "strong") == "Succeeded"
+    answer = json.loads(installed.kubectl("logs", "-n", "ml-training", "strong"))
+    assert answer == {"counter": 2, "member": "back"}
 
 
 def bucket_names(installed: Installed) -> set[str]:
