@@ -29,7 +29,9 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,7 @@ class RealNode:
     taint: bool = True
     servers: list[Server] = field(default_factory=list)
     started_in: float = 0.0  # seconds from start() to a Ready node with its proxy synced
+    timings: dict[str, float] = field(default_factory=dict)  # seconds each part took
     leftovers: list[str] = field(default_factory=list)  # what stop() could not put back
 
     @property
@@ -132,16 +135,27 @@ class RealNode:
         self._write_cni()
         (d / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
 
-        self._start_containerd()
+        self._timed("containerd", self._start_containerd)
         for ref in self.images.all():
-            _run(*self.ctr(), "images", "import", str(archive(ref)), timeout=600)
-        self._start_coredns(ca)
-        self._start_api_forwarder()
-        self._start_kubelet(ca)
-        wait_until(self._node_ready, timeout=120, what=f"node {NODE_NAME} to be Ready")
-        self._start_kube_proxy(ca)
+            self._timed(f"import {ref}", partial(self._import, ref))
+        self._timed("coredns", lambda: self._start_coredns(ca))
+        self._timed("api forwarder", self._start_api_forwarder)
+        self._timed("kubelet", lambda: self._start_kubelet(ca))
+        self._timed(
+            "node Ready",
+            lambda: wait_until(self._node_ready, timeout=120, what=f"node {NODE_NAME} to be Ready"),
+        )
+        self._timed("kube-proxy", lambda: self._start_kube_proxy(ca))
         ensure_safety_rules()  # first again, above the jumps kube-proxy inserted
         self._update_record()
+
+    def _import(self, ref: str) -> None:
+        _run(*self.ctr(), "images", "import", str(archive(ref)), timeout=600)
+
+    def _timed(self, part: str, start: Callable[[], object]) -> None:
+        t0 = time.monotonic()
+        start()
+        self.timings[part] = round(time.monotonic() - t0, 2)
 
     # --------------------------------------------------------------------------- parts
 
