@@ -106,12 +106,21 @@ class RealNode:
     def state_dir(self) -> Path:
         return self.directory / "containerd" / "state"
 
-    def start(self) -> RealNode:
+    def start(self, wait: float = 0.0) -> RealNode:
+        """Start the node; ``wait``: seconds to wait for another run's node to go (one real
+        node per machine) before raising ``NodeBusy``."""
         problems = preflight()
         if problems:
             raise RuntimeError("; ".join(problems))
         t0 = time.monotonic()
-        _claim(self.directory)
+        while True:
+            try:
+                _claim(self.directory)
+                break
+            except NodeBusy:
+                if time.monotonic() - t0 >= wait:
+                    raise
+                time.sleep(2)
         try:
             self._start()
         except BaseException:
@@ -659,7 +668,10 @@ def _claim(directory: Path) -> None:
     whose processes are all gone is a dead run's: it is cleaned up first."""
     STATE.mkdir(parents=True, exist_ok=True)
     if RECORD.exists():
-        record = json.loads(RECORD.read_text())
+        try:
+            record = json.loads(RECORD.read_text())
+        except (OSError, ValueError):
+            raise NodeBusy("another real node is being claimed right now") from None
         alive = [p for p in record.get("pids", []) if _is(p)]
         if alive or _is({"pid": record.get("owner"), "argv0": ""}):
             raise NodeBusy(
@@ -667,16 +679,26 @@ def _claim(directory: Path) -> None:
                 f"{record.get('owner')}): stop it first (make dev-down), or "
                 f"`python -m o41.testbed node-clean` if it is gone"
             )
-        cleanup()
+        left = cleanup()
+        if left:
+            raise RuntimeError(
+                "a run that died left this on the machine, and it could not be put back "
+                f"(see {RECORD}):\n" + "\n".join(left)
+            )
     record = {
         "directory": str(directory),
         "owner": os.getpid(),
         "before": host.snapshot(),
         "pids": [],
     }
-    fd = os.open(RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
+    draft = STATE / f"record.{os.getpid()}.json"
+    draft.write_text(json.dumps(record, indent=1))
+    try:
+        os.link(draft, RECORD)  # atomic, and refused when another run was faster
+    except FileExistsError:
+        raise NodeBusy("another real node was claimed at the same moment") from None
+    finally:
+        draft.unlink()
 
 
 def _is(entry: dict[str, Any]) -> bool:
