@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean \
-	image test-real node-clean
+	image test-real node-clean node-debs
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
@@ -40,16 +40,18 @@ lint: deps
 typecheck: deps
 	$(BIN)/mypy
 
-# Everything but the real-node tests (make test-real), which join once they are reliable.
-test: deps bins azurite chromium image lint typecheck
-	$(BIN)/pytest -m "not real"
+# The whole suite, the real node's tests included (they need root: a kubelet, containerd,
+# runc, CNI, kube-proxy and CoreDNS, and the chart's own pods on them).
+test: deps bins azurite chromium image node-debs lint typecheck
+	$(BIN)/pytest
 
-# The real node's tests (needs root): kubelet, containerd, runc, CNI, kube-proxy and CoreDNS
-# beside the kwok nodes, and the chart's own pods on it. Installs Debian's containerd, runc,
-# CNI plugins and iptables when missing.
-test-real: deps bins image
-	@hack/install-debs.sh node
+# Only the real node's tests, and the chart's pods on it.
+test-real: deps bins image node-debs
 	$(BIN)/pytest -m real
+
+# Debian's containerd, runc, CNI plugins, iptables, conntrack and socat, when missing.
+node-debs:
+	@hack/install-debs.sh node
 
 # Put back what a real node of a run that died left on the machine (bridge, iptables,
 # mounts, cgroups, processes): `make dev-down` and the next start do it too.
@@ -63,8 +65,7 @@ demo: deps bins azurite
 	$(BIN)/python -m o41.testbed demo
 
 # REAL_NODE=1: also a real node (root), with the project's images imported.
-dev-up: deps bins azurite $(if $(REAL_NODE),image)
-	$(if $(REAL_NODE),@hack/install-debs.sh node)
+dev-up: deps bins azurite $(if $(REAL_NODE),image node-debs)
 	$(BIN)/python -m o41.testbed up --dir .dev $(if $(REAL_NODE),--real-node)
 
 dev-down:
