@@ -190,6 +190,7 @@ def test_nothing_a_pod_sends_leaves_the_machine(real_node: RealNode, namespace: 
     # the safety rules come first in FORWARD, before any rule of kube-proxy or CNI
     for table in ("mangle", "filter"):
         first = [r for r in node.forward_rules() if r.startswith(f"{table}: -A")][:2]
+        assert len(first) == 2, first
         assert all(node.SAFETY_COMMENT in r and r.endswith("-j DROP") for r in first), first
     before = drops()
     script = """
