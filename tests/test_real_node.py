@@ -216,6 +216,19 @@ print(json.dumps(seen))
     assert drops() > before  # dropped by the rule, not lost on the way
 
 
+def test_node_clean_leaves_a_running_node_alone(real_node: RealNode) -> None:
+    """`make node-clean` (or another session's `make dev-down`) while this node runs."""
+    done = subprocess.run(
+        [sys.executable, "-m", "o41.testbed", "node-clean"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"the real node of {real_node.directory} is running" in done.stdout
+    assert "not touched" in done.stdout
+    assert node.BRIDGE in host.snapshot()["links"]
+    assert all(server.alive() for server in real_node.servers)
+
+
 def test_a_run_that_dies_leaves_nothing_once_cleaned_up(
     real_node: RealNode, namespace: str
 ) -> None:

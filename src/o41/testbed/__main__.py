@@ -51,9 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"stopped {s}" for s in stopped) or "nothing was running")
         return 0
     if args.command == "node-clean":
-        from o41.testbed.node import cleanup
+        from o41.testbed.node import NodeBusy, clean_dead_run
 
-        left = cleanup()
+        try:
+            left = clean_dead_run()
+        except NodeBusy as e:
+            print(e)
+            return 1
         print("\n".join(left) or "nothing left")
         return 1 if left else 0
     from o41.testbed.demo import run

@@ -672,8 +672,7 @@ def _claim(directory: Path) -> None:
             record = json.loads(RECORD.read_text())
         except (OSError, ValueError):
             raise NodeBusy("another real node is being claimed right now") from None
-        alive = [p for p in record.get("pids", []) if _is(p)]
-        if alive or _is({"pid": record.get("owner"), "argv0": ""}):
+        if running(record):
             raise NodeBusy(
                 f"a real node of {record['directory']} runs on this machine (owner pid "
                 f"{record.get('owner')}): stop it first (make dev-down), or "
@@ -699,6 +698,29 @@ def _claim(directory: Path) -> None:
         raise NodeBusy("another real node was claimed at the same moment") from None
     finally:
         draft.unlink()
+
+
+def running(record: dict[str, Any]) -> bool:
+    """Does the node of this record still live: a process it started, or, while it starts
+    and has none yet, the process starting it?"""
+    pids = record.get("pids", [])
+    if pids:
+        return any(_is(p) for p in pids)
+    return _is({"pid": record.get("owner"), "argv0": ""})
+
+
+def clean_dead_run() -> list[str]:
+    """``cleanup()`` for a run that is gone: a live node (another session's, or a dev
+    stack's still running) is never touched, and said so."""
+    if not RECORD.exists():
+        return []
+    record = json.loads(RECORD.read_text())
+    if running(record):
+        raise NodeBusy(
+            f"the real node of {record['directory']} is running (owner pid "
+            f"{record.get('owner')}): not touched; stop it first"
+        )
+    return cleanup()
 
 
 def _is(entry: dict[str, Any]) -> bool:

@@ -165,12 +165,16 @@ def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
 
 def _clean_real_node() -> list[str]:
     """A real node's machine-wide changes (pods, bridge, iptables, mounts, cgroups) go once
-    its processes are stopped; what could not be put back is said, not hidden."""
+    its processes are stopped; what could not be put back is said, not hidden. Another
+    session's node, still running, is left alone."""
     from o41.testbed import node
 
     if not node.RECORD.exists():
         return []
-    left = node.cleanup()
+    try:
+        left = node.clean_dead_run()
+    except node.NodeBusy as e:
+        return [str(e)]
     if left:
         return [f"the real node left (see {node.RECORD}):", *left]
     return ["the real node's bridge, iptables rules, mounts and cgroups"]
