@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean
+.PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean \
+	image test-real node-clean node-debs
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
@@ -21,6 +22,11 @@ bins:
 azurite:
 	@hack/install-azurite.sh >/dev/null
 
+# The app, etcd and pause images with podman from Debian's packages (no Docker, no
+# registry); rebuilt only when what goes into them changes. Prints their references.
+image:
+	@hack/image.sh
+
 # Debian's Chromium for the usage page's browser test (Playwright drives it; it never
 # downloads a browser of its own).
 chromium:
@@ -34,8 +40,23 @@ lint: deps
 typecheck: deps
 	$(BIN)/mypy
 
-test: deps bins azurite chromium lint typecheck
+# The whole suite, the real node's tests included (they need root: a kubelet, containerd,
+# runc, CNI, kube-proxy and CoreDNS, and the chart's own pods on them).
+test: deps bins azurite chromium image node-debs lint typecheck
 	$(BIN)/pytest
+
+# Only the real node's tests, and the chart's pods on it.
+test-real: deps bins image node-debs
+	$(BIN)/pytest -m real
+
+# Debian's containerd, runc, CNI plugins, iptables, conntrack and socat, when missing.
+node-debs:
+	@hack/install-debs.sh node
+
+# Put back what a real node of a run that died left on the machine (bridge, iptables,
+# mounts, cgroups, processes): `make dev-down` and the next start do it too.
+node-clean: deps
+	$(BIN)/python -m o41.testbed node-clean
 
 unit: deps
 	$(BIN)/pytest -m "not kube and not etcd and not stores"
@@ -43,8 +64,9 @@ unit: deps
 demo: deps bins azurite
 	$(BIN)/python -m o41.testbed demo
 
-dev-up: deps bins azurite
-	$(BIN)/python -m o41.testbed up --dir .dev
+# REAL_NODE=1: also a real node (root), with the project's images imported.
+dev-up: deps bins azurite $(if $(REAL_NODE),image node-debs)
+	$(BIN)/python -m o41.testbed up --dir .dev $(if $(REAL_NODE),--real-node)
 
 dev-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python -m o41.testbed down --dir .dev; fi

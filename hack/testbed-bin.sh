@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Build (once) or reuse the test bed's binaries: kube-apiserver, kube-controller-manager,
-# kube-scheduler, etcd, kwok and helm, pinned by version and cached outside the work tree.
+# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm and CoreDNS, pinned by version and
+# cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
+#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd kube coredns)
 #   hack/testbed-bin.sh --print    print the bin directory only (no build)
+#
+# A binary added to a part builds alone: the others are found in the bin directory and
+# kept (the directory is named by the versions of the first four, not by its contents).
+# kubelet and kube-proxy are the real node's (src/o41/testbed/node.py); CoreDNS, its
+# cluster DNS, lives in a directory of its own version and is linked into the bin directory.
 #
 # Why a throwaway module for Kubernetes: k8s.io/kubernetes replaces its ~33 staging modules
 # with ./staging paths, so `go install` refuses it. Every staging module is also published as
@@ -15,6 +22,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -23,6 +31,9 @@ LOG="$CACHE/build.log"
 
 if [[ "${1:-}" == "--print" ]]; then echo "$BIN"; exit 0; fi
 mkdir -p "$BIN" "$BUILD"
+# one build at a time on this machine: a second caller waits, then finds the binaries
+exec 9>"$CACHE/build.lock"
+flock 9
 export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0
 
 timed() { # timed NAME CMD...: run CMD, log wall time and peak memory
@@ -34,7 +45,7 @@ timed() { # timed NAME CMD...: run CMD, log wall time and peak memory
 
 build_kube() {
   local need=()
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     [[ -x "$BIN/$b" ]] || need+=("k8s.io/kubernetes/cmd/$b")
   done
   [[ ${#need[@]} -eq 0 ]] && return 0
@@ -82,10 +93,23 @@ build_helm() {
   GOBIN="$BIN" timed helm go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+build_coredns() {
+  local dir="$CACHE/bin/coredns-$COREDNS_VERSION"
+  if [[ ! -x "$dir/coredns" ]]; then
+    mkdir -p "$dir"
+    GOBIN="$dir" timed coredns go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+  fi
+  ln -sfn "$dir/coredns" "$BIN/coredns"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
-build_helm
-build_kwok
-build_etcd
-build_kube
+parts=("$@")
+[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd coredns kube)
+for part in "${parts[@]}"; do
+  case "$part" in
+    helm|kwok|etcd|kube|coredns) "build_$part" ;;
+    *) echo "unknown part '$part' (helm kwok etcd kube coredns)" >&2; exit 2 ;;
+  esac
+done
 echo "$BIN"

@@ -6,4 +6,5 @@ pytest_plugins = [
     "fixtures.etcd",
     "fixtures.operator",  # after the ones it imports
     "fixtures.placement",
+    "fixtures.node",
 ]

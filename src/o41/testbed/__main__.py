@@ -12,9 +12,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the stack in the background; write DIR/env")
     up.add_argument("--dir", type=Path, default=Path(".dev"))
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also a real node (kubelet, containerd, kube-proxy, CoreDNS; needs root)",
+    )
     down = sub.add_parser("down", help="stop what `up` started, by pid")
     down.add_argument("--dir", type=Path, default=Path(".dev"))
     sub.add_parser("demo", help="start the stack, run the main job on it, stop it")
+    sub.add_parser(
+        "node-clean", help="put back what a real node of a run that died left on the machine"
+    )
     args = parser.parse_args(argv)
 
     from o41.testbed.stack import Stack, stop_recorded
@@ -27,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         from o41.testbed.process import detach
 
         detach()
-        stack = Stack(directory).start().start_product()
+        stack = Stack(directory).start()
+        if args.real_node:
+            stack.start_real_node()
+            assert stack.real_node is not None
+            print(f"real node {stack.real_node.started_in:.0f} s after the control plane")
+        stack.start_product()
         print(f"stack up; {len(stack.servers())} processes recorded in {directory}/pids.json")
         print(f"  placement service: {stack.endpoint}")
         print(f"  source {directory}/env")
@@ -37,6 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         stopped = stop_recorded(args.dir.resolve())
         print("\n".join(f"stopped {s}" for s in stopped) or "nothing was running")
         return 0
+    if args.command == "node-clean":
+        from o41.testbed.node import NodeBusy, clean_dead_run
+
+        try:
+            left = clean_dead_run()
+        except NodeBusy as e:
+            print(e)
+            return 1
+        print("\n".join(left) or "nothing left")
+        return 1 if left else 0
     from o41.testbed.demo import run
 
     return run()

@@ -88,6 +88,7 @@ class ControlPlane:
     servers: list[Server] = field(default_factory=list)
     etcd: EtcdCluster | None = None
     api_port: int = 0
+    authority: Authority | None = None  # the cluster's CA: a real node's certificates
 
     @property
     def kubeconfig(self) -> Path:
@@ -119,6 +120,12 @@ class ControlPlane:
             ips=(LOOPBACK, "10.96.0.1"),
         )
         admin = ca.issue("admin", "o41-admin", organization="system:masters", client=True)
+        # how the API server shows itself to a real node's kubelet (logs, exec)
+        to_kubelet = ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver", organization="system:masters",
+            client=True,
+        )  # fmt: skip
+        self.authority = ca
         sa_key = service_account_key(self.pki / "sa.key")
 
         self.etcd = EtcdCluster(self.bins / "etcd", self.directory / "etcd", size=1).start()
@@ -145,6 +152,10 @@ class ControlPlane:
                 "--allow-privileged=true",
                 f"--cert-dir={self.directory / 'apiserver-certs'}",
                 "--endpoint-reconciler-type=none",
+                f"--kubelet-client-certificate={to_kubelet.cert}",
+                f"--kubelet-client-key={to_kubelet.key}",
+                # a real node's name resolves nowhere: reach its kubelet at its IP
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 "--v=1",
             ],
             self.directory / "kube-apiserver.log",

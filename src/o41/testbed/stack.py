@@ -18,10 +18,11 @@ from pathlib import Path
 
 from o41.testbed.etcd import EtcdCluster
 from o41.testbed.kube import ControlPlane, bin_dir
+from o41.testbed.node import RealNode
 from o41.testbed.process import Server
 from o41.testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
 
-_PARTS = ("kube", "state-etcd", "s3", "gcs", "azure", "operator", "placement")
+_PARTS = ("kube", "state-etcd", "s3", "gcs", "azure", "operator", "placement", "node")
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Stack:
     azure: AzureStore | None = None
     extra: list[Server] = field(default_factory=list)
     endpoint: str | None = None  # the placement service, once the product runs
+    real_node: RealNode | None = None
 
     def start(self) -> Stack:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -50,6 +52,21 @@ class Stack:
             self.stop()
             raise
         self._write_records()
+        return self
+
+    def start_real_node(self) -> Stack:
+        """A real node (kubelet, containerd, kube-proxy, CoreDNS) beside the kwok nodes,
+        with the project's images imported (built first if missing)."""
+        from o41.testbed import images
+
+        assert self.control_plane is not None
+        built = images.build()
+        try:
+            self.real_node = RealNode(
+                self.control_plane, self.control_plane.bins, self.directory / "node", built
+            ).start()
+        finally:
+            self._write_records()
         return self
 
     def start_product(self) -> Stack:
@@ -88,6 +105,8 @@ class Stack:
         if self.state_store is not None:
             found += [m.server for m in self.state_store.members if m.server]
         found += [s.server for s in (self.s3, self.gcs, self.azure) if s is not None]
+        if self.real_node is not None:
+            found += self.real_node.servers
         return found + self.extra
 
     def env(self) -> dict[str, str]:
@@ -112,6 +131,8 @@ class Stack:
     def stop(self) -> None:
         for server in reversed(self.extra):
             server.stop()
+        if self.real_node is not None:
+            self.real_node.stop()
         for store in (self.azure, self.gcs, self.s3):
             if store is not None:
                 store.stop()
@@ -125,7 +146,7 @@ def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
     """Stop every process ``up`` recorded in ``directory``; returns what was stopped."""
     record = directory / "pids.json"
     if not record.exists():
-        return []
+        return _clean_real_node()
     entries = json.loads(record.read_text())
     stopped = []
     for entry in entries:
@@ -139,7 +160,24 @@ def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pid"], signal.SIGKILL)
     record.unlink()
-    return stopped
+    return stopped + _clean_real_node()
+
+
+def _clean_real_node() -> list[str]:
+    """A real node's machine-wide changes (pods, bridge, iptables, mounts, cgroups) go once
+    its processes are stopped; what could not be put back is said, not hidden. Another
+    session's node, still running, is left alone."""
+    from o41.testbed import node
+
+    if not node.RECORD.exists():
+        return []
+    try:
+        left = node.clean_dead_run()
+    except node.NodeBusy as e:
+        return [str(e)]
+    if left:
+        return [f"the real node left (see {node.RECORD}):", *left]
+    return ["the real node's bridge, iptables rules, mounts and cgroups"]
 
 
 def _alive(pid: int) -> bool:

@@ -175,15 +175,18 @@ class AzureStore(Store):
 # ------------------------------------------------------------------------------------ start
 
 
-def start_s3(workdir: Path, *, region: str = "us-east-1", timeout: float = 60.0) -> S3Store:
-    """Start moto's server (from this interpreter's environment) on a free loopback port."""
+def start_s3(
+    workdir: Path, *, region: str = "us-east-1", timeout: float = 60.0, host: str = LOOPBACK
+) -> S3Store:
+    """Start moto's server (from this interpreter's environment) on a free port of
+    ``host``: loopback, or a real node's bridge address for pods to reach."""
     workdir.mkdir(parents=True, exist_ok=True)
 
     def argv(port: int) -> list[str]:
-        return [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+        return [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)]
 
     def ready(port: int) -> bool:
-        status, _, body = _http_get(f"http://{LOOPBACK}:{port}/")
+        status, _, body = _http_get(f"http://{host}:{port}/")
         return status == 200 and b"ListAllMyBucketsResult" in body
 
     server, port, started = _start(
@@ -192,7 +195,7 @@ def start_s3(workdir: Path, *, region: str = "us-east-1", timeout: float = 60.0)
     return S3Store(
         server=server,
         started=started,
-        endpoint=f"http://{LOOPBACK}:{port}",
+        endpoint=f"http://{host}:{port}",
         access_key=S3_ACCESS_KEY,
         secret_key=S3_SECRET_KEY,
         region=region,

@@ -1,0 +1,512 @@
+"""The chart for real, as a user installs it, on the test bed's real node: `helm install`
+with the default values except the image (the local build, pullPolicy Never) and the
+stand-in's credentials. The operator, the placement service (2 replicas) and the 3-member
+etcd StatefulSet run as real pods from the project's own image, Ready through their own
+probes; the API server calls the admission webhook through its Service with the chart's
+TLS; examples/organization.yaml and a copy of examples/location-s3.yaml pointed at a
+stand-in become Ready; examples/job.yaml runs as a real Job and completes.
+
+The stand-in (moto's S3) listens on the real node's bridge address, which pods reach (and
+nothing outside the machine does). The Job's pods get their place by env (aws/us-east-1),
+so their client never looks at DMI or a metadata address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from o41.client.artifacts import ArtifactError, Artifacts
+from o41.core.places import Place
+from o41.testbed.kube import kubectl
+from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
+from o41.testbed.stores import S3Store, start_s3
+from test_chart import CHART, REPO, helm
+from test_real_node import finished, pod
+
+from support import wait_for
+
+pytestmark = [pytest.mark.real, pytest.mark.kube]
+
+# the names examples/job.yaml expects: release "o41" in o41-system
+RELEASE, NAMESPACE = "o41", "o41-system"
+FULLNAME = f"{RELEASE}-o41-artifacts"
+EXAMPLES = REPO / "examples"
+
+
+def examples(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def split(image: str) -> tuple[str, str]:
+    repository, _, tag = image.rpartition(":")
+    return repository, tag
+
+
+@dataclass
+class Installed:
+    node: RealNode
+    s3: S3Store
+    directory: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.node.control_plane.kubeconfig
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        return kubectl(self.kubeconfig, *args, input=input, check=check)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def pods(self, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.json("pods", "-n", namespace)["items"]
+        return items
+
+    def diagnose(self) -> str:
+        """What a user would look at when something does not come up."""
+        out = [self.kubectl("get", "pods,pvc,jobs", "-A", "-o", "wide", check=False)]
+        out.append(self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
+        return "\n".join(out)[-6000:]
+
+
+def helm_run(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [helm(), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+    )
+
+
+@pytest.fixture(scope="module")
+def installed(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    directory = tmp_path_factory.mktemp("real-chart")
+    s3 = start_s3(directory / "s3", host=GATEWAY)  # where pods can reach it, and only there
+    try:
+        # the StatefulSet's claims (8Gi each, no class) bind these; there is no provisioner
+        real_node.local_volumes(3, "8Gi")
+        app, etcd = split(real_node.images.app), split(real_node.images.etcd)
+        values = {
+            "image": {"repository": app[0], "tag": app[1], "pullPolicy": "Never"},
+            "etcd": {"image": {"repository": etcd[0], "tag": etcd[1], "pullPolicy": "Never"}},
+        }
+        (directory / "values.yaml").write_text(yaml.safe_dump(values))
+        done = helm_run(
+            real_node.control_plane.kubeconfig, "install", RELEASE, str(CHART),
+            "--namespace", NAMESPACE, "--create-namespace", "-f", str(directory / "values.yaml"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        (directory / "install.out").write_text(done.stdout)
+        yield Installed(real_node, s3, directory)
+    finally:
+        kubeconfig = real_node.control_plane.kubeconfig
+        helm_run(kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        for namespace in ("ml-training", NAMESPACE):
+            kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
+        s3.stop()
+
+
+def all_ready(installed: Installed) -> bool:
+    pods = installed.pods()
+    return len(pods) == 6 and all(
+        p["status"].get("phase") == "Running"
+        and {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready")
+        == "True"
+        for p in pods
+    )
+
+
+def test_the_charts_pods_run_ready_on_the_real_node_from_the_projects_image(
+    installed: Installed,
+) -> None:
+    try:
+        wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{installed.diagnose()}") from None
+    by_component: dict[str, list[dict[str, Any]]] = {}
+    for p in installed.pods():
+        component = p["metadata"]["labels"]["app.kubernetes.io/component"]
+        by_component.setdefault(component, []).append(p)
+    assert {k: len(v) for k, v in by_component.items()} == {
+        "operator": 1,
+        "placement": 2,
+        "etcd": 3,
+    }
+    images = installed.node.images
+    for component, pods in by_component.items():
+        want = images.etcd if component == "etcd" else images.app
+        for p in pods:
+            assert p["spec"]["nodeName"] == NODE_NAME
+            [status] = p["status"]["containerStatuses"]
+            assert status["image"].endswith(want.split("/", 1)[1]), status["image"]
+            assert status["ready"] is True
+            assert p["spec"]["securityContext"]["runAsUser"] == 10001
+    # the workloads report what a user checks with `kubectl get deploy,sts`
+    placement = installed.json("deployment", f"{FULLNAME}-placement", "-n", NAMESPACE)
+    assert placement["status"]["readyReplicas"] == 2
+    etcd = installed.json("statefulset", f"{FULLNAME}-etcd", "-n", NAMESPACE)
+    assert etcd["status"]["readyReplicas"] == 3
+    claims = installed.json("pvc", "-n", NAMESPACE)["items"]
+    assert sorted(c["status"]["phase"] for c in claims) == ["Bound"] * 3
+
+
+def test_the_api_server_calls_the_webhook_through_its_service(installed: Installed) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    organization = {
+        "apiVersion": "artifacts.o41.io/v1alpha1",
+        "kind": "Organization",
+        "metadata": {"name": "picks-nothing"},
+        "spec": {"namespaces": ["nobody"], "fallback": "nowhere"},
+    }
+    done = subprocess.run(
+        [*kubectl_argv(installed), "apply", "-f", "-"],
+        input=json.dumps(organization), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        'admission webhook "organization-picks.artifacts.o41.io" denied the request: '
+        "fallback 'nowhere' does not exist: create the Location first"
+    ) in done.stderr, done.stderr
+
+
+def kubectl_argv(installed: Installed) -> list[str]:
+    from o41.testbed.kube import kubectl_binary
+
+    return [kubectl_binary(), f"--kubeconfig={installed.kubeconfig}"]
+
+
+def location_on_the_stand_in(s3: S3Store) -> list[dict[str, Any]]:
+    """examples/location-s3.yaml, with the stand-in's credentials and endpoint."""
+    secret, location = examples("location-s3.yaml")
+    secret["stringData"] = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    location["spec"]["backend"]["s3"] = {"endpoint": s3.endpoint}
+    return [secret, location]
+
+
+def test_the_example_organization_and_a_location_on_the_stand_in_become_ready(
+    installed: Installed,
+) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    installed.kubectl("apply", "-f", str(EXAMPLES / "organization.yaml"))
+    secret, location = location_on_the_stand_in(installed.s3)
+    installed.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    installed.kubectl("apply", "-f", "-", input=json.dumps(location))
+    name = location["metadata"]["name"]
+    installed.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=180s")
+
+    table = installed.kubectl("get", "loc", name)
+    header, row = table.splitlines()
+    assert header.split() == ["NAME", "ORGANIZATION", "CLOUD", "REGION", "READY", "ROLE",
+                              "RETIRED", "AGE"]  # fmt: skip
+    # the first Location of an organization is its fallback, and its cloud's default
+    assert row.split()[:7] == [name, "ml", "aws", "us-east-1", "True", "fallback,default",
+                               "false"]  # fmt: skip
+    # the operator (a pod) made the bucket on the stand-in
+    bucket = installed.json("location", name)["status"]["bucket"]
+    assert bucket in {b["Name"] for b in installed.s3.client().list_buckets()["Buckets"]}
+
+    # and the webhook refuses what the rules forbid, with its reason
+    done = subprocess.run(
+        [*kubectl_argv(installed), "delete", "location", name],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert f"location {name!r} cannot be deleted (it is Ready" in done.stderr, done.stderr
+
+
+def the_example_job(installed: Installed) -> list[dict[str, Any]]:
+    """examples/job.yaml with the local image and the pods' place set by env."""
+    namespace, job = examples("job.yaml")
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    container["image"] = installed.node.images.app
+    container["imagePullPolicy"] = "Never"
+    container["env"] += [
+        {"name": "O41_ARTIFACTS_CLOUD", "value": "aws"},
+        {"name": "O41_ARTIFACTS_REGION", "value": "us-east-1"},
+    ]
+    return [namespace, job]
+
+
+def test_the_example_job_completes_on_real_pods(installed: Installed) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    installed.kubectl("wait", "--for=condition=Ready", "location/aws-us-east-1", "--timeout=180s")
+    namespace, job = the_example_job(installed)
+    installed.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    installed.kubectl("apply", "-f", "-", input=json.dumps(job))
+    name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+
+    def finished() -> str | None:
+        status = installed.json("job", name, "-n", ns).get("status", {})
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        if conditions.get("Complete") == "True":
+            return "Complete"
+        return "Failed" if conditions.get("Failed") == "True" else None
+
+    try:
+        outcome = wait_for(finished, timeout=300, what=f"job {ns}/{name} to finish")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{installed.diagnose()}") from None
+    pods = installed.pods(ns)
+    logs = {
+        p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: installed.kubectl(
+            "logs", "-n", ns, p["metadata"]["name"]
+        )
+        for p in pods
+        if p["status"]["phase"] == "Succeeded"
+    }
+    assert outcome == "Complete", (logs, installed.diagnose())
+    status = installed.json("job", name, "-n", ns)["status"]
+    assert status["succeeded"] == 2
+    assert status.get("failed", 0) == 0
+    assert set(logs) == {"0", "1"}
+    for index, log in logs.items():
+        wrote = json.loads(log.split("wrote ", 1)[1].splitlines()[0])
+        # the place came from env: the region rule picked the Location of aws/us-east-1
+        assert (wrote["location"], wrote["rule"], wrote["warning"]) == (
+            "aws-us-east-1",
+            "region",
+            None,
+        ), index
+        assert "counter: 2" in log, log
+    # both versions are in the stand-in's bucket, uploaded by the pods themselves
+    bucket = installed.json("location", "aws-us-east-1")["status"]["bucket"]
+    keys = [o["Key"] for o in installed.s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert len(keys) >= 2, keys
+
+
+# --- lifecycle: what the chart promises while it is upgraded and its pods go -----------------
+
+
+@dataclass
+class WriteLoop:
+    """Versions written one after another through the placement Service, as a pod would
+    (its ServiceAccount token, its place), from a thread; every outcome is kept."""
+
+    artifacts: Artifacts
+    source: Path
+    artifact: str
+    written: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> WriteLoop:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        wait_for(lambda: len(self.written) >= 3 or self.failed, timeout=60, what="writes")
+        assert not self.failed, self.failed
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.written.append(self.artifacts.write("ml", self.artifact, self.source).version)
+            except ArtifactError as e:
+                self.failed.append(f"after {len(self.written)} writes: {e}")
+
+    def more(self, count: int = 3) -> None:
+        """Wait until ``count`` more writes were acknowledged."""
+        target = len(self.written) + count
+        wait_for(lambda: len(self.written) >= target, timeout=60, what=f"{count} more writes")
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=120)
+
+
+def write_loop(installed: Installed, artifact: str) -> WriteLoop:
+    """A loop writing as the Job's pods do: the default ServiceAccount of ml-training."""
+    installed.kubectl("create", "namespace", "ml-training", check=False)
+    token = installed.kubectl(
+        "create", "token", "default", "-n", "ml-training", "--duration=1h"
+    ).strip()
+    (installed.directory / "token").write_text(token)
+    (installed.directory / "payload").write_bytes(os.urandom(4096))
+    service = installed.json("service", f"{FULLNAME}-placement", "-n", NAMESPACE)
+    # the test process reaches the Service's ClusterIP through kube-proxy's rules, as a pod
+    endpoint = f"http://{service['spec']['clusterIP']}:8080"
+    artifacts = Artifacts(
+        endpoint=endpoint,
+        token_file=str(installed.directory / "token"),
+        place=Place("aws", "us-east-1", "env"),
+        timeout=30,
+    )
+    return WriteLoop(artifacts, installed.directory / "payload", artifact)
+
+
+def placement_pods(installed: Installed) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in installed.pods()
+        if p["metadata"]["labels"]["app.kubernetes.io/component"] == "placement"
+    ]
+
+
+def rolled_out(installed: Installed, image: str, gone: set[str]) -> bool:
+    """2 placement pods, all Ready, all of ``image``, none of the names in ``gone``."""
+    pods = placement_pods(installed)
+    return (
+        len(pods) == 2
+        and not {p["metadata"]["name"] for p in pods} & gone
+        and all(p["spec"]["containers"][0]["image"] == image for p in pods)
+        and all_ready(installed)
+    )
+
+
+def test_a_helm_upgrade_to_a_new_image_tag_rolls_the_service_with_no_failed_write(
+    installed: Installed,
+) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    installed.kubectl("wait", "--for=condition=Ready", "location/aws-us-east-1", "--timeout=180s")
+    repository, tag = split(installed.node.images.app)
+    new = f"{repository}:{tag}-next"  # the same bytes under a new tag, as a release would be
+    subprocess.run([*installed.node.ctr(), "images", "tag", "--force",
+                    installed.node.images.app, new], check=True, capture_output=True)  # fmt: skip
+    old = {p["metadata"]["name"] for p in placement_pods(installed)}
+    with write_loop(installed, "rolling") as loop:
+        done = helm_run(
+            installed.kubeconfig, "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--reuse-values", "--set", f"image.tag={tag}-next",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_for(lambda: rolled_out(installed, new, old), timeout=300, what="the rollout")
+        loop.more()
+    assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
+
+
+def test_deleting_a_placement_pod_fails_no_write(installed: Installed) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    pods = placement_pods(installed)
+    image = pods[0]["spec"]["containers"][0]["image"]
+    victim = pods[0]["metadata"]["name"]
+    with write_loop(installed, "deleted-pod") as loop:
+        installed.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--wait=false")
+        wait_for(lambda: rolled_out(installed, image, {victim}), timeout=300, what="a new pod")
+        loop.more()
+    assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
+
+
+def etcd_pod(installed: Installed, index: int) -> dict[str, Any]:
+    pod: dict[str, Any] = installed.json("pod", f"{FULLNAME}-etcd-{index}", "-n", NAMESPACE)
+    return pod
+
+
+def test_deleting_an_etcd_member_loses_no_acknowledged_write(installed: Installed) -> None:
+    """The StatefulSet brings the member back on its claim; every write the service
+    acknowledged meanwhile can be read back afterwards."""
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    uid = etcd_pod(installed, 0)["metadata"]["uid"]
+    with write_loop(installed, "etcd-member") as loop:
+        installed.kubectl("delete", "pod", "-n", NAMESPACE, f"{FULLNAME}-etcd-0", "--wait=false")
+
+        def back() -> bool:
+            pod = etcd_pod(installed, 0)
+            return pod["metadata"]["uid"] != uid and all_ready(installed)
+
+        wait_for(back, timeout=300, what="etcd-0 back and Ready")
+        loop.more()
+    acknowledged = list(loop.written)
+    reader = loop.artifacts
+    lost = []
+    for version in acknowledged:
+        try:
+            reader.read("ml", "etcd-member", version, installed.directory / "read-back")
+        except ArtifactError as e:
+            lost.append(f"{version}: {e}")
+    assert lost == [], f"{len(lost)} of {len(acknowledged)} acknowledged writes lost"
+    assert (installed.directory / "read-back").read_bytes() == loop.source.read_bytes()
+
+    # strong collections answer again, to a real pod of the organization's namespace
+    script = (
+        "import json\n"
+        "from o41 import sky\n"
+        "counter = sky.counter('after-etcd')\n"
+        "counter.add(2)\n"
+        "shared = sky.dict('after-etcd')\n"
+        "shared['member'] = 'back'\n"
+        "print(json.dumps({'counter': counter.get(), 'member': shared['member']}))\n"
+    )
+    strong = pod("strong", "ml-training", installed.node.images.app, script)
+    strong["spec"]["containers"][0]["env"] = [
+        {"name": "O41_ARTIFACTS_ENDPOINT",
+         "value": f"http://{FULLNAME}-placement.{NAMESPACE}.svc:8080"},
+        {"name": "O41_COMPUTE", "value": "after-etcd"},
+        {"name": "O41_ARTIFACTS_CLOUD", "value": "aws"},
+        {"name": "O41_ARTIFACTS_REGION", "value": "us-east-1"},
+    ]  # fmt: skip
+    installed.kubectl("apply", "-f", "-", input=json.dumps(strong))
+    assert finished(installed.kubeconfig, "ml-training", "strong") == "Succeeded"
+    answer = json.loads(installed.kubectl("logs", "-n", "ml-training", "strong"))
+    assert answer == {"counter": 2, "member": "back"}
+
+
+def bucket_names(installed: Installed) -> set[str]:
+    return {b["Name"] for b in installed.s3.client().list_buckets()["Buckets"]}
+
+
+def test_deleting_the_operator_during_location_creations_makes_one_bucket_each(
+    installed: Installed,
+) -> None:
+    wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
+    before = bucket_names(installed)
+    names = []
+    for region in ("us-west-2", "eu-west-1", "ap-south-1"):
+        _, location = location_on_the_stand_in(installed.s3)
+        location["metadata"]["name"] = name = f"aws-{region}"
+        location["spec"]["region"] = region
+        installed.kubectl("apply", "-f", "-", input=json.dumps(location))
+        names.append(name)
+    [operator] = [
+        p["metadata"]["name"]
+        for p in installed.pods()
+        if p["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    ]
+    installed.kubectl("delete", "pod", "-n", NAMESPACE, operator, "--wait=false")
+    for name in names:
+        installed.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=300s")
+    made = bucket_names(installed) - before
+    recorded = {installed.json("location", n)["status"]["bucket"] for n in names}
+    assert made == recorded
+    assert len(made) == len(names)
+
+
+def test_helm_uninstall_keeps_the_crds_and_organizations_and_nothing_else(
+    installed: Installed,
+) -> None:
+    done = helm_run(installed.kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE,
+                    "--wait")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for crd in ("locations.artifacts.o41.io", "organizations.artifacts.o41.io"):
+        installed.kubectl("get", "crd", crd)
+    assert installed.json("organization", "ml")["metadata"]["name"] == "ml"
+    wait_for(lambda: not installed.pods(), timeout=120, what="the release's pods to go")
+    left = installed.kubectl(
+        "get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,pdb,pvc",
+        "-n", NAMESPACE, "-o", "name",
+    ).split()  # fmt: skip
+    assert sorted(left) == sorted(
+        [
+            "configmap/kube-root-ca.crt",  # Kubernetes' own, in every namespace
+            "serviceaccount/default",
+            "secret/aws-credentials",  # the user's, applied with the Location
+            # a StatefulSet's claims outlive it (Kubernetes keeps them): the state store's data
+            *(f"persistentvolumeclaim/data-{FULLNAME}-etcd-{i}" for i in range(3)),
+        ]
+    )
+    cluster_wide = installed.kubectl(
+        "get", "clusterroles,clusterrolebindings,validatingwebhookconfigurations", "-o", "name"
+    )
+    assert FULLNAME not in cluster_wide
