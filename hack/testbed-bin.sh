@@ -15,6 +15,7 @@ KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
+VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -82,10 +83,22 @@ build_helm() {
   GOBIN="$BIN" timed helm go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+build_versitygw() {
+  # The S3 stand-in that checks SigV4 (Apache-2.0; no replace directives, so `go install`).
+  # The bin directory's name doesn't carry its version: a stamp file does, so a new pin
+  # rebuilds it.
+  local stamp="$BIN/versitygw.version"
+  [[ -x "$BIN/versitygw" && "$(cat "$stamp" 2>/dev/null)" == "$VERSITYGW_VERSION" ]] && return 0
+  GOBIN="$BIN" timed versitygw go install -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
+    "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  echo "$VERSITYGW_VERSION" > "$stamp"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
 build_helm
 build_kwok
 build_etcd
+build_versitygw
 build_kube
 echo "$BIN"
