@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ sys.path[:0] = [str(ROOT / "src")]
 
 import aiohttp  # noqa: E402
 
+from o41.client.artifacts import PARALLEL_PARTS  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
@@ -101,7 +103,15 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
 
 # ------------------------------------------------------------------------------ transfers
 
-MATCHED = 8  # o41.client.artifacts.PARALLEL_PARTS: boto3 "matched" uses as many threads
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    rss: float  # MiB
+    cpu: float  # user + system seconds
+
+
+MATCHED = PARALLEL_PARTS  # boto3 "matched" uses as many threads as our client
 BUCKET = "o41-bench-baseline"
 
 
@@ -181,13 +191,14 @@ class Transfers:
             "NO_PROXY": "*",
         }
 
-    def _run(self, argv: list[str]) -> tuple[float, float, str]:
-        """(seconds, peak RSS in MiB, stdout) of one child, its peak RSS from GNU time: wall
+    def _run(self, argv: list[str]) -> tuple[float, float, float, str]:
+        """(seconds, peak RSS in MiB, CPU seconds, stdout) of one child, its peak RSS and CPU
+        time (user + system, Python's start-up included) from GNU time: wall
         time from its own report when it gives one (Python's start-up and imports left
         out), else around it (s5cmd starts in milliseconds)."""
         t = time.perf_counter()
         done = subprocess.run(
-            ["/usr/bin/time", "-f", "O41PEAK %M", *argv],
+            ["/usr/bin/time", "-f", "O41PEAK %M %U %S", *argv],
             capture_output=True,
             env=self._env(),
             text=True,
@@ -197,34 +208,34 @@ class Transfers:
         if done.returncode != 0:
             raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
         peak = [line for line in done.stderr.splitlines() if line.startswith("O41PEAK ")]
-        rss = int(peak[-1].split()[1]) / 1024
+        _, kib, user, system = peak[-1].split()
         if done.stdout.strip().startswith("{"):
             seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
-        return seconds, rss, done.stdout
+        return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
-    def one(self, name: str, direction: str) -> tuple[float, float]:
+    def one(self, name: str, direction: str) -> Run:
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
         if name == "s5cmd":
             url = f"s3://{BUCKET}/big-s5cmd"
             src, dst = (str(path), url) if direction == "up" else (url, str(path))
             argv = [self.s5cmd, "--endpoint-url", self.gateway, "cp", src, dst]
-            seconds, rss, _ = self._run(argv)
+            seconds, rss, cpu, _ = self._run(argv)
         else:
             spec = {**self.base, "what": f"{name}-{direction}", "path": str(path)}
             spec["version"] = self.version
             argv = [sys.executable, __file__, "--child", json.dumps(spec)]
-            seconds, rss, out = self._run(argv)
+            seconds, rss, cpu, out = self._run(argv)
             if name == "ours" and direction == "up":
                 self.version = json.loads(out.strip().splitlines()[-1])["version"]
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return seconds, rss
+        return Run(seconds, rss, cpu)
 
-    def run(self, rounds: int) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
-        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        results: dict[tuple[str, str], list[Run]] = {}
         for r in range(rounds):  # alternated: every client sees the same noise
             order = self.CLIENTS if r % 2 == 0 else tuple(reversed(self.CLIENTS))
             for direction in ("up", "down"):
@@ -233,22 +244,22 @@ class Transfers:
         return results
 
 
-def print_transfers(
-    results: dict[tuple[str, str], list[tuple[float, float]]], mib: int, rounds: int
-) -> None:
+def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds: int) -> None:
     print(f"transfers of {mib} MiB to one versitygw gateway, median of {rounds} alternated rounds")
+    print("  (cpu: the client's user + system seconds, median; the gateway's own is not counted)")
     for direction in ("up", "down"):
         rate = {
-            name: statistics.median(mib / s for s, _ in results[(name, direction)])
+            name: statistics.median(mib / r.seconds for r in results[(name, direction)])
             for name in Transfers.CLIENTS
         }
         for name in Transfers.CLIENTS:
             runs = results[(name, direction)]
-            peak = max(r for _, r in runs)
-            each = " ".join(f"{mib / s:.0f}" for s, _ in runs)
+            each = " ".join(f"{mib / r.seconds:.0f}" for r in runs)
             print(
                 f"  {'upload' if direction == 'up' else 'download':8} {name:14} "
-                f"{rate[name]:6.0f} MiB/s  (runs: {each})  peak RSS {peak:4.0f} MiB"
+                f"{rate[name]:6.0f} MiB/s  (runs: {each})  "
+                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s  "
+                f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
             )
         ours = rate["ours"]
         print(

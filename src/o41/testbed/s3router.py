@@ -133,6 +133,7 @@ class Gateways:
                 "--port", f"{LOOPBACK}:{port}",
                 "--region", region,
                 "--iam-dir", str(self.iam),  # internal IAM: unknown keys are InvalidAccessKeyId
+                "--keep-alive",  # as S3 does (versitygw closes each connection by default)
                 "--quiet",
                 "posix", str(self.data),
             ]  # fmt: skip
