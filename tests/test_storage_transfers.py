@@ -192,6 +192,8 @@ def test_parts_and_ranges_share_kept_alive_connections(
     """Four parts on two threads go up on at most two connections (one per thread, kept
     alive), and come back as four ranges on at most two: not a connection per request."""
     monkeypatch.setattr(artifacts, "PARALLEL_PARTS", 2)
+    monkeypatch.setattr(artifacts, "PARALLEL_RANGES", 2)
+    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
     path, data = _file(setup, 3 * PART_SIZE + MiB)  # four parts
     relay = setup.relay
     before_parts, before_gets = relay.connections_with("partNumber="), relay.connections_with("GET")
@@ -208,7 +210,10 @@ def test_parts_and_ranges_share_kept_alive_connections(
     assert relay.connections_with("GET") - before_gets <= 2
 
 
-def test_a_store_that_ignores_ranges_still_gives_the_whole_version(setup: Setup) -> None:
+def test_a_store_that_ignores_ranges_still_gives_the_whole_version(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
     path, data = _file(setup, PART_SIZE + MiB)
     written = setup.client.write(setup.org, "ranges", path)
     setup.relay.hide_ranges = True

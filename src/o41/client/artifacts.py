@@ -36,6 +36,11 @@ ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 BLOCK = 1024 * 1024
 PARALLEL_PARTS = 8
+# Downloads: fewer, larger ranges than parts. Measured against versitygw on 2 shared cores
+# (1 GiB, medians of alternated runs): 4 x 64 MiB ~800 MiB/s, 8 x 16 MiB ~250-320 MiB/s
+# (its concurrent writes into one file cost 3-4x the kernel time), 2 x 64 ~670, 8 x 64 ~540.
+RANGE_SIZE = 64 * 1024 * 1024
+PARALLEL_RANGES = 4
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 
 
@@ -417,7 +422,7 @@ class Artifacts:
         progress = Progress(size, f"download from {found['location']}")
         pool = _Pool(self.timeout)
         try:
-            if found.get("md5") or size <= PART_SIZE:
+            if found.get("md5") or size <= RANGE_SIZE:
                 got = self._stream(pool, found, partial, progress)
             else:
                 try:
@@ -467,12 +472,12 @@ class Artifacts:
     def _ranges(
         self, pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress
     ) -> int:
-        """A multipart object (no MD5 to check) as parallel ranges of PART_SIZE, each
+        """A multipart object (no MD5 to check) as parallel ranges of RANGE_SIZE, each
         written at its offset as it comes: memory stays at a block per thread."""
         req, size = found["download"], found["size"]
 
         def one(fd: int, n: int) -> int:
-            start, end = n * PART_SIZE, min(size, (n + 1) * PART_SIZE) - 1
+            start, end = n * RANGE_SIZE, min(size, (n + 1) * RANGE_SIZE) - 1
             headers = {**req["headers"], "Range": f"bytes={start}-{end}"}
             resp = pool.request(req["method"], req["url"], headers)
             if resp.status == 200:  # the store ignores ranges: one GET instead
@@ -508,10 +513,9 @@ class Artifacts:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             os.ftruncate(fd, size)
-            with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as threads:
-                got = sum(
-                    threads.map(functools.partial(one, fd), range(part_count(size, PART_SIZE)))
-                )
+            count = part_count(size, RANGE_SIZE)
+            with ThreadPoolExecutor(max_workers=PARALLEL_RANGES) as threads:
+                got = sum(threads.map(functools.partial(one, fd), range(count)))
         finally:
             os.close(fd)
         return got
