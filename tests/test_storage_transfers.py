@@ -45,6 +45,8 @@ class Relay:
     upstream_port: int
     port: int = field(default_factory=free_port)
     hide_ranges: bool = False
+    one_answer: bool = False  # close each connection after its first answer, as an idle
+    # kept-alive connection is closed by a server
     first_lines: list[str] = field(default_factory=list)
     ranges: int = 0
 
@@ -108,7 +110,10 @@ class Relay:
             while block := await store_r.read(1 << 20):
                 client_w.write(block)
                 await client_w.drain()
+                if self.one_answer:  # a part's answer is one small block
+                    break
             client_w.close()
+            store_w.close()
 
         try:
             await asyncio.gather(up(), down())
@@ -224,3 +229,22 @@ def test_a_store_that_ignores_ranges_still_gives_the_whole_version(
         setup.relay.hide_ranges = False
     assert out.read_bytes() == data
     assert not (setup.tmp / "whole.bin.o41-partial").exists()
+
+
+def test_a_connection_the_store_closed_is_opened_again(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each part finds its kept-alive connection closed by the other side: the part is sent
+    again on a new one, once, and the write succeeds (instead of failing the location)."""
+    monkeypatch.setattr(artifacts, "PARALLEL_PARTS", 1)
+    path, data = _file(setup, 2 * PART_SIZE + MiB)  # three parts, one thread
+    before = setup.relay.connections_with("partNumber=")
+    setup.relay.one_answer = True
+    try:
+        written = setup.client.write(setup.org, "closed", path)
+    finally:
+        setup.relay.one_answer = False
+    assert setup.relay.connections_with("partNumber=") - before == 3
+    out = setup.tmp / "closed.bin"
+    setup.client.read(setup.org, "closed", written.version, out)
+    assert out.read_bytes() == data
