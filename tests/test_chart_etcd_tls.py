@@ -321,6 +321,19 @@ def cert_manager_etcd(
 # --- TLS handshakes, spoken by hand -------------------------------------------------------
 
 
+def _complete(answer: bytes) -> bool:
+    """Whether ``answer`` holds a whole HTTP response with a Content-Length (a busy server
+    may keep the connection open a while after it)."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value.strip())
+    return False
+
+
 def https_get(port: int, path: str, ca: str, cert: tuple[str, str] | None) -> str:
     """GET over TLS to 127.0.0.1:port checking the server against ``ca``, showing ``cert``
     (certificate, key) or none; the status line and body, or the TLS error etcd caused."""
@@ -329,16 +342,16 @@ def https_get(port: int, path: str, ca: str, cert: tuple[str, str] | None) -> st
         context.load_cert_chain(*cert)
     try:
         with (
-            socket.create_connection((LOOPBACK, port), timeout=5) as raw,
+            socket.create_connection((LOOPBACK, port), timeout=30) as raw,
             context.wrap_socket(raw, server_hostname=LOOPBACK) as tls,
         ):
             tls.sendall(
                 f"GET {path} HTTP/1.1\r\nHost: {LOOPBACK}\r\nConnection: close\r\n\r\n".encode()
             )
-            chunks = []
-            while chunk := tls.recv(65536):
-                chunks.append(chunk)
-            return b"".join(chunks).decode(errors="replace")
+            answer = b""
+            while not _complete(answer) and (chunk := tls.recv(65536)):
+                answer += chunk
+            return answer.decode(errors="replace")
     except (ssl.SSLError, ConnectionResetError, BrokenPipeError) as e:
         return f"refused: {e}"
 
