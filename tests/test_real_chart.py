@@ -153,6 +153,8 @@ def test_the_charts_pods_run_ready_on_the_real_node_from_the_projects_image(
             assert status["image"].endswith(want.split("/", 1)[1]), status["image"]
             assert status["ready"] is True
             assert p["spec"]["securityContext"]["runAsUser"] == 10001
+            # Ready through a probe of its own, not merely started
+            assert p["spec"]["containers"][0]["readinessProbe"], component
     # the workloads report what a user checks with `kubectl get deploy,sts`
     placement = installed.json("deployment", f"{FULLNAME}-placement", "-n", NAMESPACE)
     assert placement["status"]["readyReplicas"] == 2
@@ -170,10 +172,16 @@ def test_the_api_server_calls_the_webhook_through_its_service(installed: Install
         "metadata": {"name": "picks-nothing"},
         "spec": {"namespaces": ["nobody"], "fallback": "nowhere"},
     }
-    done = subprocess.run(
-        [*kubectl_argv(installed), "apply", "-f", "-"],
-        input=json.dumps(organization), capture_output=True, text=True, check=False,
-    )  # fmt: skip
+
+    def answered() -> subprocess.CompletedProcess[str] | None:
+        done = subprocess.run(
+            [*kubectl_argv(installed), "apply", "-f", "-"],
+            input=json.dumps(organization), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        # until every kube-proxy has the new endpoint, the API server may find none
+        return None if "failed calling webhook" in done.stderr else done
+
+    done = wait_for(answered, timeout=60, what="the webhook's own answer")
     assert done.returncode != 0
     assert (
         'admission webhook "organization-picks.artifacts.o41.io" denied the request: '
