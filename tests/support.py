@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
@@ -20,3 +24,19 @@ def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval:
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def token_kubeconfig(admin: Path, token: str, user: str, path: Path) -> Path:
+    """A kubeconfig that is ``user`` by ``token``, on the cluster (server, CA) of the
+    ``admin`` kubeconfig: to act as a ServiceAccount with kubectl."""
+    cluster = yaml.safe_load(admin.read_text())["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": user}}],
+        "current-context": "c",
+    }
+    path.write_text(json.dumps(config))
+    return path

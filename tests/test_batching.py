@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from o41.state import Compare, Op, StoreUnavailable, TxnResult
+from o41.state import Compare, LeaseNotFound, Op, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore
 from o41.webhook.batching import MAX_BATCH, PutBatcher
 
@@ -74,3 +74,19 @@ async def test_leases_travel_with_their_puts(n: int) -> None:
     await asyncio.gather(*(batcher.put(f"/l/{i}".encode(), b"x", lease=lease) for i in range(n)))
     await store.lease_revoke(lease)
     assert await store.get(b"/l/0") is None  # gone with its lease
+
+
+async def test_a_lost_lease_fails_only_the_puts_that_named_it() -> None:
+    """A batch whose puts name two leases, one of them gone from the store: the callers of
+    the lost lease see LeaseNotFound (and can put again with a new one); the others'
+    records are committed."""
+    store = CountingStore()
+    kept, lost = await store.lease_grant(60), await store.lease_grant(60)
+    await store.lease_revoke(lost)
+    batcher = PutBatcher(store)
+    results = await asyncio.gather(
+        *(batcher.put(b"/m/%d" % i, b"x", lease=kept if i % 2 else lost) for i in range(6)),
+        return_exceptions=True,
+    )
+    assert [isinstance(r, LeaseNotFound) for r in results] == [True, False] * 3
+    assert [kv.key for kv in await store.range(b"/m/")] == [b"/m/1", b"/m/3", b"/m/5"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import filecmp
 import json
+import ssl
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -16,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from o41.state import EtcdTls
 from o41.testbed.kube import bin_dir
@@ -79,16 +81,42 @@ def test_helm_lint_strict_passes() -> None:
     [
         (),
         ("webhook.tls.certManager.enabled=true",),
-        ("etcd.external.endpoints[0]=http://etcd.db.svc:2379", "networkPolicy.enabled=true"),
-        ("networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true"),
-        ("etcd.persistence.enabled=false", "placement.pdb.enabled=false", "rbac.create=false"),
+        ("etcd.external.endpoints[0]=http://etcd.db.svc:2379",),
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "networkPolicy.metrics.from[0].namespaceSelector.matchLabels.team=monitoring",
+            "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/28",
+            "networkPolicy.placement.from[0].namespaceSelector.matchLabels.o41=jobs",
+        ),
+        (
+            "etcd.persistence.enabled=false",
+            "placement.pdb.enabled=false",
+            "rbac.create=false",
+            "etcd.tls.enabled=false",
+            "networkPolicy.enabled=false",
+        ),
         (
             "etcd.external.endpoints[0]=https://etcd.db.svc:2379",
             "etcd.external.tls.secretName=etcd-client",
             "placement.prices.asOf=2026-12-01",
         ),
+        ("etcd.tls.certManager.enabled=true",),
+        (
+            "etcd.tls.certManager.enabled=true",
+            "etcd.tls.certManager.issuerRef.name=corp-ca",
+            "etcd.tls.certManager.issuerRef.kind=ClusterIssuer",
+        ),
     ],
-    ids=["defaults", "cert-manager", "external-etcd", "netpol-monitor", "minimal", "etcd-tls"],
+    ids=[
+        "defaults",
+        "cert-manager",
+        "external-etcd",
+        "netpol-monitor",
+        "minimal",
+        "etcd-tls",
+        "etcd-cert-manager",
+        "etcd-cert-manager-issuer",
+    ],
 )
 def test_lint_and_rendered_objects_match_the_kubernetes_1_37_schemas(
     sets: tuple[str, ...],
@@ -160,7 +188,10 @@ def test_defaults_install_everything_with_etcd_as_three_members() -> None:
         + ["Deployment"] * 2
         + ["Service"] * 3
         + ["PodDisruptionBudget"] * 2
-        + ["StatefulSet", "Secret", "ValidatingWebhookConfiguration"]
+        + ["Secret"] * 4  # the webhook's TLS; etcd's server, peer and client TLS
+        + ["NetworkPolicy"] * 3
+        + ["StatefulSet", "ValidatingWebhookConfiguration"]
+        + ["ConfigMap"]  # the placement service's version counts
     )
     etcd = find(docs, "StatefulSet", "-etcd")
     assert etcd["spec"]["replicas"] == 3
@@ -178,7 +209,7 @@ def test_defaults_install_everything_with_etcd_as_three_members() -> None:
     assert (
         "--initial-cluster="
         + ",".join(
-            f"o41-o41-artifacts-etcd-{i}=http://o41-o41-artifacts-etcd-{i}"
+            f"o41-o41-artifacts-etcd-{i}=https://o41-o41-artifacts-etcd-{i}"
             f".o41-o41-artifacts-etcd.{NAMESPACE}.svc:2380"
             for i in range(3)
         )
@@ -197,7 +228,7 @@ def test_etcd_persistence_size_class_and_emptydir_switch() -> None:
     etcd = find(render("etcd.persistence.enabled=false"), "StatefulSet")
     assert "volumeClaimTemplates" not in etcd["spec"]
     volumes = etcd["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "data", "emptyDir": {}}]
+    assert [v for v in volumes if v["name"] == "data"] == [{"name": "data", "emptyDir": {}}]
 
 
 def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
@@ -221,7 +252,7 @@ def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"webhook": 9443, "health": 8080}
     tls = next(v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
-    assert tls["secret"]["secretName"] == find(docs, "Secret")["metadata"]["name"]
+    assert tls["secret"]["secretName"] == find(docs, "Secret", "-webhook-tls")["metadata"]["name"]
 
 
 def test_placement_replicas_probes_args_and_pdb() -> None:
@@ -231,19 +262,25 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
     c = container(placement)
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
     etcd = "o41-o41-artifacts-etcd"
-    endpoints = ",".join(f"http://{etcd}-{i}.{etcd}.{NAMESPACE}.svc:2379" for i in range(3))
+    endpoints = ",".join(f"https://{etcd}-{i}.{etcd}.{NAMESPACE}.svc:2379" for i in range(3))
     assert c["args"] == [
         "python", "-m", "o41.webhook", "--host", "0.0.0.0", "--port", "8080",
-        "--etcd", endpoints, "--secrets-namespace", NAMESPACE,
+        "--metrics-port", "9090", "--etcd", endpoints, "--secrets-namespace", NAMESPACE,
         "--authentication", "tokenreview",
     ]  # fmt: skip
     pdb = find(docs, "PodDisruptionBudget", "-placement")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == placement["spec"]["selector"]
     service = find(docs, "Service", "-placement")
-    assert service["spec"]["ports"][0]["port"] == 8080
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [
+        ("http", 8080),
+        ("metrics", 9090),
+    ]
     assert service["spec"]["selector"] == placement["spec"]["selector"]["matchLabels"]
 
 
@@ -341,6 +378,7 @@ WEBHOOKS = {
         ["CREATE", "UPDATE"],
         "/organization-picks",
     ),
+    "organization-delete.artifacts.o41.io": ("organizations", ["DELETE"], "/organization-delete"),
 }
 
 
@@ -388,7 +426,9 @@ def test_generated_ca_signs_the_serving_certificate_for_the_service_name() -> No
 
 def test_cert_manager_switch_issues_the_certificate_and_injects_the_ca() -> None:
     docs = render("webhook.tls.certManager.enabled=true")
-    assert "Secret" not in kinds(docs)
+    assert not [
+        d for d in docs if d["metadata"]["name"].endswith("-webhook-tls") and d["kind"] == "Secret"
+    ]
     cert = find(docs, "Certificate")
     issuer = find(docs, "Issuer")
     assert issuer["spec"] == {"selfSigned": {}}
@@ -442,32 +482,38 @@ def test_rbac_is_least_privilege() -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     }
+    # the placement service writes no Location or Organization, status included
     assert rules_of(docs, "ClusterRole", "-placement") == crud | {
-        (g, "locations/status", "patch"),
         ("authentication.k8s.io", "tokenreviews", "create"),
     }
+    # only the operator writes the ConfigMaps its records live in; the placement service
+    # reads them and writes its counts ConfigMap alone
+    configmaps = {("", "configmaps", v) for v in ("get", "list", "create", "patch")}
+    assert rules_of(docs, "Role", "-operator") == {("", "secrets", "get")} | configmaps
+    placement_rules = find(docs, "Role", "-placement")["rules"]
+    assert [r for r in placement_rules if r.get("resourceNames")] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["o41-version-counts"],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    unnamed = [r for r in placement_rules if not r.get("resourceNames")]
+    assert {(g, res, v) for r in unnamed for g in r["apiGroups"] for res in r["resources"]
+            for v in r["verbs"]} == {
+        ("", "secrets", "get"),
+        *(("", "configmaps", v) for v in ("get", "list", "watch")),
+    }  # fmt: skip
+    counts = find(docs, "ConfigMap", "o41-version-counts")
+    assert counts["metadata"]["namespace"] == NAMESPACE and "data" not in counts
     for suffix in ("-operator", "-placement"):
         role = find(docs, "Role", suffix)
         assert role["metadata"]["namespace"] == NAMESPACE
-        assert rules_of(docs, "Role", suffix) == {("", "secrets", "get")}
         binding = find(docs, "RoleBinding", suffix)
         (subject,) = binding["subjects"]
         assert subject["name"] == find(docs, "ServiceAccount", suffix)["metadata"]["name"]
     assert "Role" not in kinds(render("rbac.create=false"))
-
-
-def test_service_monitor_and_network_policies_when_enabled() -> None:
-    assert "NetworkPolicy" not in kinds(render())
-    docs = render("networkPolicy.enabled=true", "metrics.serviceMonitor.enabled=true")
-    assert kinds(docs).count("NetworkPolicy") == 3
-    etcd_policy = find(docs, "NetworkPolicy", "-etcd")
-    client_rule = next(r for r in etcd_policy["spec"]["ingress"] if r["ports"][0]["port"] == 2379)
-    placement = find(docs, "Deployment", "-placement")
-    assert client_rule["from"] == [
-        {"podSelector": {"matchLabels": placement["spec"]["selector"]["matchLabels"]}}
-    ]
-    monitor = find(docs, "ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
 def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) -> None:
@@ -502,3 +548,325 @@ def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) ->
     ]
     names = {e["name"] for e in container(find(plain, "Deployment", "-placement"))["env"]}
     assert "O41_PRICES_FILE" not in names
+
+
+# --- etcd's TLS ----------------------------------------------------------------------------
+
+ETCD = "o41-o41-artifacts-etcd"
+PLACEMENT = "o41-o41-artifacts-placement"
+
+
+def member_names(i: int) -> list[str]:
+    """How member i is reached through the headless Service: the name the chart
+    advertises (<pod>.<svc>.<ns>.svc) and its short and long forms."""
+    pod = f"{ETCD}-{i}"
+    return [
+        f"{pod}.{ETCD}",
+        f"{pod}.{ETCD}.{NAMESPACE}",
+        f"{pod}.{ETCD}.{NAMESPACE}.svc",
+        f"{pod}.{ETCD}.{NAMESPACE}.svc.cluster.local",
+    ]
+
+
+def decoded(secret: Doc) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def verifies_for(pem: dict[str, bytes], hostname: str, tmp: Path) -> bool:
+    """Whether a client that trusts ``pem['ca.crt']`` accepts the certificate for
+    ``hostname``: a real TLS handshake (OpenSSL's own name checks), in memory."""
+    for name, data in pem.items():
+        (tmp / name).write_bytes(data)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    client = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    s = server.wrap_bio(pipes[0], pipes[1], server_side=True)
+    c = client.wrap_bio(pipes[2], pipes[3], server_hostname=hostname)
+    for _ in range(10):
+        for side, outgoing, incoming in ((c, pipes[3], pipes[0]), (s, pipes[1], pipes[2])):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError:
+                return False
+            incoming.write(outgoing.read())
+        if c.version() and s.version():
+            return True
+    return False
+
+
+def flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    return value
+
+
+def secret_mounts(workload: Doc) -> dict[str, str]:
+    """mountPath -> Secret name, for the workload's one container; each read-only, and
+    each of etcd's TLS readable by the pod's group only."""
+    pod = workload["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    found = {}
+    for mount in container(workload)["volumeMounts"]:
+        volume = volumes.get(mount["name"], {})
+        if "secret" in volume:
+            assert mount["readOnly"] is True
+            if volume["secret"]["secretName"].startswith(f"{ETCD}-"):
+                assert volume["secret"]["defaultMode"] == 0o440  # the fsGroup reads it
+            found[mount["mountPath"]] = volume["secret"]["secretName"]
+    return found
+
+
+def test_etcd_takes_only_the_placement_services_client_certificate_by_default(
+    tmp_path: Path,
+) -> None:
+    docs = render()
+    etcd = find(docs, "StatefulSet", "-etcd")
+    args = container(etcd)["args"]
+    mounts = secret_mounts(etcd)
+    assert mounts == {
+        "/etc/etcd/tls/server": f"{ETCD}-server-tls",
+        "/etc/etcd/tls/peer": f"{ETCD}-peer-tls",
+    }
+    assert "--client-cert-auth" in args and "--peer-client-cert-auth" in args
+    for name, path in (
+        ("--trusted-ca-file", "/etc/etcd/tls/server/ca.crt"),
+        ("--cert-file", "/etc/etcd/tls/server/tls.crt"),
+        ("--key-file", "/etc/etcd/tls/server/tls.key"),
+        ("--peer-trusted-ca-file", "/etc/etcd/tls/peer/ca.crt"),
+        ("--peer-cert-file", "/etc/etcd/tls/peer/tls.crt"),
+        ("--peer-key-file", "/etc/etcd/tls/peer/tls.key"),
+    ):
+        assert flag(args, name) == path
+    for name in ("--listen-client-urls", "--listen-peer-urls"):
+        assert flag(args, name).startswith("https://")
+    assert flag(args, "--listen-metrics-urls") == "http://0.0.0.0:2381"  # no certificate
+    probe = container(etcd)["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/readyz", "port": "metrics"}
+    pod = etcd["spec"]["template"]["spec"]
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (
+        10001,
+        10001,
+    )
+
+    server = decoded(find(docs, "Secret", "-etcd-server-tls"))
+    peer = decoded(find(docs, "Secret", "-etcd-peer-tls"))
+    client = decoded(find(docs, "Secret", "-etcd-client-tls"))
+    load = x509.load_pem_x509_certificate
+    clients_ca, peers_ca = load(server["ca.crt"]), load(peer["ca.crt"])
+    assert clients_ca != peers_ca  # a client's certificate is no peer's
+    load(server["tls.crt"]).verify_directly_issued_by(clients_ca)
+    load(client["tls.crt"]).verify_directly_issued_by(clients_ca)  # etcd's --trusted-ca-file
+    assert load(client["ca.crt"]) == clients_ca  # what the service checks etcd with
+    load(peer["tls.crt"]).verify_directly_issued_by(peers_ca)
+    cn = NameOID.COMMON_NAME
+    peer_cn = load(peer["tls.crt"]).subject.get_attributes_for_oid(cn)[0].value
+    assert flag(args, "--peer-cert-allowed-cn") == peer_cn == f"{ETCD}-peer"
+    assert load(client["tls.crt"]).subject.get_attributes_for_oid(cn)[0].value == PLACEMENT
+    usages = load(client["tls.crt"]).extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages.value
+    # etcd's JSON gateway dials etcd with the serving certificate: it must be a client's too
+    usages = load(server["tls.crt"]).extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages.value
+
+    # every name a member is reached by, and 127.0.0.1 (etcdctl in the pod), verify
+    advertised = [
+        flag(args, "--advertise-client-urls").replace("$(POD_NAME)", f"{ETCD}-{i}")
+        for i in range(3)
+    ]
+    assert advertised == [f"https://{member_names(i)[2]}:2379" for i in range(3)]
+    initial = flag(args, "--initial-cluster").split(",")
+    assert initial == [f"{ETCD}-{i}=https://{member_names(i)[2]}:2380" for i in range(3)]
+    for i in range(3):
+        for name in [*member_names(i), "127.0.0.1"]:
+            assert verifies_for(server, name, tmp_path), name
+            assert verifies_for(peer, name, tmp_path), name
+    assert verifies_for(server, f"{ETCD}.{NAMESPACE}.svc", tmp_path)
+    assert not verifies_for(server, f"{ETCD}-0.elsewhere.{NAMESPACE}.svc", tmp_path)
+    assert not verifies_for(client, f"{ETCD}-0.{ETCD}.{NAMESPACE}.svc", tmp_path)
+
+    # the service: https:// URLs, the client Secret mounted where its variables point
+    placement = find(docs, "Deployment", "-placement")
+    c = container(placement)
+    assert c["args"][c["args"].index("--etcd") + 1].split(",") == [
+        f"https://{member_names(i)[2]}:2379" for i in range(3)
+    ]
+    assert secret_mounts(placement) == {"/etc/o41-etcd-tls": f"{ETCD}-client-tls"}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert EtcdTls.from_environment(env) == EtcdTls(
+        "/etc/o41-etcd-tls/ca.crt", "/etc/o41-etcd-tls/tls.crt", "/etc/o41-etcd-tls/tls.key"
+    )
+    # no other workload holds a client certificate
+    operator = find(docs, "Deployment", "-operator")
+    assert f"{ETCD}-client-tls" not in secret_mounts(operator).values()
+
+
+def test_etcd_tls_can_be_turned_off_and_is_not_made_for_an_external_etcd() -> None:
+    docs = render("etcd.tls.enabled=false")
+    etcd = find(docs, "StatefulSet", "-etcd")
+    args = container(etcd)["args"]
+    assert not [a for a in args if "cert" in a or "tls" in a]
+    assert flag(args, "--listen-client-urls") == "http://0.0.0.0:2379"
+    assert "https" not in flag(args, "--initial-cluster")
+    assert secret_mounts(etcd) == {}
+    assert not [d for d in docs if d["kind"] == "Secret" and "-etcd-" in d["metadata"]["name"]]
+    placement = find(docs, "Deployment", "-placement")
+    assert not [e for e in container(placement)["env"] if e["name"].startswith("O41_ETCD_")]
+    assert (
+        "http://" in container(placement)["args"][container(placement)["args"].index("--etcd") + 1]
+    )
+    # an external etcd: nothing of the chart's etcd TLS, whatever etcd.tls says
+    docs = render("etcd.external.endpoints[0]=https://etcd.db.svc:2379")
+    assert not [d for d in docs if "-etcd-" in d["metadata"]["name"]]
+
+
+def test_etcd_certificates_from_cert_manager_with_a_ca_of_the_charts_own() -> None:
+    docs = render("etcd.tls.certManager.enabled=true")
+    assert not [d for d in docs if d["kind"] == "Secret" and "-etcd-" in d["metadata"]["name"]]
+    certificates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    # the chain: self-signed -> the chart's CA -> a CA issuer of that CA
+    assert issuers[f"{ETCD}-selfsigned"]["spec"] == {"selfSigned": {}}
+    ca = certificates.pop(f"{ETCD}-ca")
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"]["name"] == f"{ETCD}-selfsigned"
+    assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"  # leaves outlive its renewal
+    assert issuers[f"{ETCD}-ca"]["spec"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
+    assert set(certificates) == {f"{ETCD}-server-tls", f"{ETCD}-peer-tls", f"{ETCD}-client-tls"}
+    for cert in certificates.values():
+        assert cert["spec"]["issuerRef"] == {
+            "name": f"{ETCD}-ca",
+            "kind": "Issuer",
+            "group": "cert-manager.io",
+        }
+        assert cert["spec"]["secretName"] == cert["metadata"]["name"]
+    # the Secrets cert-manager writes are the ones etcd and the service mount
+    etcd = find(docs, "StatefulSet", "-etcd")
+    assert set(secret_mounts(etcd).values()) == {f"{ETCD}-server-tls", f"{ETCD}-peer-tls"}
+    placement = find(docs, "Deployment", "-placement")
+    assert set(secret_mounts(placement).values()) == {f"{ETCD}-client-tls"}
+    server = certificates[f"{ETCD}-server-tls"]["spec"]
+    peer = certificates[f"{ETCD}-peer-tls"]["spec"]
+    client = certificates[f"{ETCD}-client-tls"]["spec"]
+    for i in range(3):
+        assert set(member_names(i)) <= set(server["dnsNames"]) & set(peer["dnsNames"])
+    assert set(server["usages"]) >= {"server auth", "client auth"}
+    assert set(peer["usages"]) >= {"server auth", "client auth"}
+    assert "server auth" not in client["usages"] and "client auth" in client["usages"]
+    assert client["commonName"] == PLACEMENT
+    # one CA signs clients and peers here: only the peers' name passes the peer port
+    assert flag(container(etcd)["args"], "--peer-cert-allowed-cn") == peer["commonName"]
+    assert client["commonName"] != peer["commonName"]
+
+
+def test_etcd_certificates_from_an_issuer_of_yours() -> None:
+    docs = render(
+        "etcd.tls.certManager.enabled=true",
+        "etcd.tls.certManager.issuerRef.name=corp-ca",
+        "etcd.tls.certManager.issuerRef.kind=ClusterIssuer",
+    )
+    assert "Issuer" not in kinds(docs)
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    assert len(certificates) == 3
+    for cert in certificates:
+        assert cert["spec"]["issuerRef"] == {
+            "name": "corp-ca",
+            "kind": "ClusterIssuer",
+            "group": "cert-manager.io",
+        }
+
+
+# --- NetworkPolicies -----------------------------------------------------------------------
+
+
+def rules(policy: Doc) -> dict[int, list[Doc] | None]:
+    """port -> the peers it is open to (None: from anywhere)."""
+    found: dict[int, list[Doc] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            found[port["port"]] = rule.get("from")
+    return found
+
+
+def selects(policy: Doc, workload: Doc) -> bool:
+    return bool(
+        policy["spec"]["podSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_network_policies_by_default_keep_etcd_to_the_service_and_metrics_closed() -> None:
+    docs = render()
+    etcd, placement = find(docs, "StatefulSet", "-etcd"), find(docs, "Deployment", "-placement")
+    operator = find(docs, "Deployment", "-operator")
+    only = {"placement": placement, "etcd": etcd}
+    etcd_policy = find(docs, "NetworkPolicy", "-etcd")
+    assert selects(etcd_policy, etcd) and etcd_policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"]: p["containerPort"] for p in container(etcd)["ports"]}
+    assert rules(etcd_policy) == {
+        ports["client"]: [
+            {"podSelector": {"matchLabels": only["placement"]["spec"]["selector"]["matchLabels"]}}
+        ],
+        ports["peer"]: [
+            {"podSelector": {"matchLabels": only["etcd"]["spec"]["selector"]["matchLabels"]}}
+        ],
+    }  # and nothing for the metrics port: the kubelet's probes come from the node
+    placement_policy = find(docs, "NetworkPolicy", "-placement")
+    assert selects(placement_policy, placement)
+    assert rules(placement_policy) == {8080: None}  # every job calls it; /metrics is on 9090
+    operator_policy = find(docs, "NetworkPolicy", "-operator")
+    assert selects(operator_policy, operator)
+    assert rules(operator_policy) == {9443: None}  # the API server, which no policy can name
+    assert "NetworkPolicy" not in kinds(render("networkPolicy.enabled=false"))
+
+
+def test_network_policies_let_in_the_scrapers_and_the_peers_you_name() -> None:
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    control_plane = {"ipBlock": {"cidr": "10.0.0.0/28"}}
+    jobs = {"namespaceSelector": {"matchLabels": {"o41": "jobs"}}}
+    done = run_helm(
+        "template", "o41", str(CHART), "--namespace", NAMESPACE,
+        "--set-json", f"networkPolicy.metrics.from={json.dumps([monitoring])}",
+        "--set-json", f"networkPolicy.webhook.from={json.dumps([control_plane])}",
+        "--set-json", f"networkPolicy.placement.from={json.dumps([jobs])}",
+        "--set", "metrics.serviceMonitor.enabled=true",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert rules(find(docs, "NetworkPolicy", "-etcd"))[2381] == [monitoring]
+    assert rules(find(docs, "NetworkPolicy", "-placement")) == {8080: [jobs], 9090: [monitoring]}
+    assert rules(find(docs, "NetworkPolicy", "-operator")) == {9443: [control_plane]}
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {ETCD, PLACEMENT}
+    for name, monitor in monitors.items():
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+        service = find(docs, "Service", name[len("o41-o41-artifacts") :])
+        assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items()
+            <= service["metadata"]["labels"].items()
+        )
+
+
+def test_a_service_monitor_the_policy_would_block_is_refused_at_install() -> None:
+    done = run_helm("template", "o41", str(CHART), "--set", "metrics.serviceMonitor.enabled=true")
+    assert done.returncode != 0
+    assert "name the scrapers in networkPolicy.metrics.from" in done.stderr
+    both = ("metrics.serviceMonitor.enabled=true", "networkPolicy.enabled=false")
+    assert kinds(render(*both)).count("ServiceMonitor") == 2
+
+
+def test_schema_refuses_unknown_tls_and_policy_keys() -> None:
+    for bad, where in (
+        ("etcd.tls.enable=true", "at '/etcd/tls'"),
+        ("etcd.tls.certManager.issuerRef.kind=Vault", "/etcd/tls/certManager/issuerRef/kind"),
+        ("networkPolicy.metrics.to=x", "at '/networkPolicy/metrics'"),
+        ("metrics.placementPort=80", "/metrics/placementPort"),
+        ("metrics.placementPort=8080", "metrics.placementPort must differ from"),
+    ):
+        done = run_helm("template", "o41", str(CHART), "--set", bad)
+        assert done.returncode != 0
+        assert where in done.stderr, done.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from o41.testbed.kube import kubectl_binary
 from o41.testbed.process import LOOPBACK, Server, free_port
@@ -34,6 +34,7 @@ from o41.testbed.stores import S3Store
 from test_chart import CHART, helm
 
 from fixtures.kube import Kube
+from support import token_kubeconfig as kubeconfig_for
 from support import wait_for
 
 pytestmark = [pytest.mark.kube]
@@ -112,6 +113,8 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     assert "STATUS: deployed" in out
     endpoint = f"O41_ARTIFACTS_ENDPOINT=http://{release.fullname}-placement.{release.namespace}"
     assert endpoint in out, out  # NOTES.txt
+    assert "etcd TLS: client certificates required, only the placement service holds one" in out
+    assert "metrics ports (they name every organization) closed: name your scrapers" in out
     wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
 
     operator = release.get("deployment", f"{release.fullname}-operator")
@@ -150,11 +153,24 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     addresses = [a for s in endpoints["items"] for a in s.get("endpoints") or []]
     assert ports == {9443}
     assert len(addresses) == 1
+    # by default: etcd over TLS with the chart's certificates, and the NetworkPolicies
+    etcd = release.get("statefulset", f"{release.fullname}-etcd")
+    assert "--client-cert-auth" in etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+    for role in ("server", "peer", "client"):
+        data = release.get("secret", f"{release.fullname}-etcd-{role}-tls")["data"]
+        assert set(data) == {"ca.crt", "tls.crt", "tls.key"}
+    policies = release.kube.kubectl("get", "networkpolicies", "-n", release.namespace, "-o", "name")
+    assert sorted(policies.split()) == sorted(
+        f"networkpolicy.networking.k8s.io/{release.fullname}-{c}"
+        for c in ("etcd", "operator", "placement")
+    )
 
 
 def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Release) -> None:
     wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
     ca_before = release.get("secret", f"{release.fullname}-webhook-tls")["data"]
+    etcd_tls = [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
+    etcd_before = {name: release.get("secret", name)["data"] for name in etcd_tls}
     release.helm(
         "upgrade", release.name, str(CHART), "--namespace", release.namespace,
         "--reuse-values", "--set", "placement.replicas=3",
@@ -163,8 +179,9 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
     placement = release.get("deployment", f"{release.fullname}-placement")
     assert placement["spec"]["replicas"] == 3
     assert placement["status"]["readyReplicas"] == 3
-    # the generated CA and certificate are looked up, not generated again
+    # the generated CAs and certificates are looked up, not generated again
     assert release.get("secret", f"{release.fullname}-webhook-tls")["data"] == ca_before
+    assert {name: release.get("secret", name)["data"] for name in etcd_tls} == etcd_before
     config = release.get(
         "validatingwebhookconfiguration",
         f"{release.fullname}.artifacts.o41.io",
@@ -175,24 +192,52 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
     assert "upgrade complete" in history.stdout.lower()
 
 
+def test_an_upgrade_that_would_switch_etcds_tls_under_its_members_is_refused(
+    release: Release,
+) -> None:
+    done = release.helm(
+        "upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values",
+        "--set", "etcd.tls.enabled=false", check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "etcd.tls.enabled=false would change how the running etcd members" in done.stderr
+    assert "keep etcd.tls.enabled=true" in done.stderr
+    etcd = release.get("statefulset", f"{release.fullname}-etcd")
+    assert "--client-cert-auth" in etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_an_upgrade_with_one_etcd_tls_secret_missing_stops_and_with_none_makes_a_new_set(
+    release: Release,
+) -> None:
+    names = [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
+    before = {name: release.get("secret", name)["data"] for name in names}
+    upgrade = ("upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values")
+    release.kube.kubectl("delete", "secret", names[1], "-n", release.namespace)
+    done = release.helm(*upgrade, check=False)
+    assert done.returncode != 0
+    assert f"etcd's TLS Secret {names[1]} is missing" in done.stderr
+    assert "delete all three" in done.stderr
+    for name in (names[0], names[2]):  # untouched: the members keep their certificates
+        assert release.get("secret", name)["data"] == before[name]
+    release.kube.kubectl("delete", "secret", names[0], names[2], "-n", release.namespace)
+    release.helm(*upgrade)
+    after = {name: release.get("secret", name)["data"] for name in names}
+    assert all(after[name]["ca.crt"] != before[name]["ca.crt"] for name in names)
+    assert after[names[0]]["ca.crt"] == after[names[2]]["ca.crt"]  # one clients' CA
+
+
 # --- RBAC: the real processes with the chart's ServiceAccount tokens ------------------------
 
 
 def token_kubeconfig(kube: Kube, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig that is that ServiceAccount: its token, the cluster's server and CA."""
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
     token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=1h").strip()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
-        "current-context": "c",
-    }
-    path.write_text(json.dumps(config))
-    return path
+    return kubeconfig_for(kube.kubeconfig, token, account, path)
+
+
+def refused(log: str) -> bool:
+    """A 403 or Forbidden in a log (not the milliseconds of a time stamp, like ",403]")."""
+    return "Forbidden" in log or re.search(r"(?<![,.\d])403\b", log) is not None
 
 
 def can_i(kubeconfig: Path, *args: str) -> bool:
@@ -216,7 +261,16 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
     assert can_i(operator_kc, "patch", "locations.artifacts.o41.io")
     assert can_i(operator_kc, "get", "secrets", "-n", ns)
     assert can_i(service_kc, "create", "tokenreviews.authentication.k8s.io")
-    assert can_i(service_kc, "patch", "locations.artifacts.o41.io", "--subresource=status")
+    # the operator's records: only it writes ConfigMaps there; the service reads them and
+    # writes its counts ConfigMap alone, and no Location status
+    assert can_i(operator_kc, "create", "configmaps", "-n", ns)
+    assert can_i(operator_kc, "patch", "configmaps", "-n", ns)
+    assert can_i(service_kc, "watch", "configmaps", "-n", ns)
+    assert can_i(service_kc, "update", "configmaps/o41-version-counts", "-n", ns)
+    assert not can_i(service_kc, "patch", "configmaps/o41-location-x", "-n", ns)
+    assert not can_i(service_kc, "create", "configmaps", "-n", ns)
+    assert not can_i(service_kc, "patch", "locations.artifacts.o41.io", "--subresource=status")
+    assert not can_i(operator_kc, "create", "configmaps", "-n", "default")
     for kc in (operator_kc, service_kc):
         assert not can_i(kc, "delete", "locations.artifacts.o41.io")
         assert not can_i(kc, "create", "organizations.artifacts.o41.io")
@@ -310,11 +364,13 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
             timeout=60,
             what="the organization's fallback",
         )
-        log = operator.tail(400)
-        assert "403" not in log and "Forbidden" not in log, log
+        # the whole log: this operator also handles every other test's Locations, so the
+        # lines about this one need not be among the last few hundred
+        log = (release.directory / "operator.log").read_text(errors="replace")
+        assert not refused(log), operator.tail(200)
         # this operator, with the chart's token, did the work (not another one running)
         done = (f"[{loc}] Creation is processed", f"[{loc}] Resuming is processed")
-        assert any(line in log for line in done), log
+        assert any(line in log for line in done), operator.tail(200)
         events = kube.kubectl(
             "get", "events", "-A", "--field-selector", f"involvedObject.name={loc}"
         )
@@ -349,8 +405,17 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
         )  # fmt: skip
         assert read.returncode == 0, read.stderr + service.tail(50)
         assert out.read_bytes() == data.read_bytes()
+        # the count, written by the service to its ConfigMap, copied by the operator
+        wait_for(
+            lambda: (
+                (release.get("location", loc, namespaced=False).get("status") or {}).get("versions")
+                == 1
+            ),
+            timeout=60,
+            what="status.versions to show the version",
+        )
         slog = service.tail(400)
-        assert "403" not in slog and "Forbidden" not in slog, slog
+        assert not refused(slog), slog
     finally:
         service.stop()
         operator.stop()

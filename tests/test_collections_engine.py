@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from o41.collections.checks import Busy, collection_prefix
+from o41.collections.checks import BadRequest, Busy, collection_prefix
 from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
 from o41.state import Compare, KeyValue, Op, Put, StoreUnavailable, TxnResult
@@ -247,9 +247,12 @@ async def test_retried_barrier_and_lock_requests_count_once() -> None:
     assert first["acquired"] and retried["acquired"] and retried["token"] == first["token"]
     other = await call(engine, "lock", "l", "acquire", owner="o2", ttl=5, timeout=0)
     assert other == {"acquired": False}
-    alive = await call(engine, "lock", "l", "keepalive", lease=first["lease"])
+    alive = await call(engine, "lock", "l", "keepalive", owner="o1", token=first["token"])
     assert alive["alive"]
-    await call(engine, "lock", "l", "release", lease=first["lease"])
+    assert set(first) == {"acquired", "token"}  # no lease id leaves the service
+    assert (await call(engine, "lock", "l", "release", owner="o1", token=first["token"])) == {
+        "released": True
+    }
     after = await call(engine, "lock", "l", "acquire", owner="o2", ttl=5, timeout=0)
     assert after["acquired"] and after["token"] > first["token"]
     await engine.close()
@@ -258,7 +261,7 @@ async def test_retried_barrier_and_lock_requests_count_once() -> None:
 async def test_a_wait_longer_than_max_wait_is_not_final() -> None:
     engine = Engine(MemoryStore(), max_wait=0.1)
     answer = await call(engine, "barrier", "b", "wait", parties=2, participant="p", timeout=5)
-    assert answer["released"] is False and "timed_out" not in answer  # come back for more
+    assert answer == {"released": False, "generation": 0}  # come back for more (no lease)
     other = await call(engine, "barrier", "b", "wait", parties=2, participant="q", timeout=0.1)
     assert other == {"released": True, "index": 1}
     mine = await call(
@@ -269,7 +272,6 @@ async def test_a_wait_longer_than_max_wait_is_not_final() -> None:
         parties=2,
         participant="p",
         timeout=0.1,
-        lease=answer["lease"],
         generation=answer["generation"],
     )
     assert mine == {"released": True, "index": 0}
@@ -320,4 +322,58 @@ async def test_an_arrival_released_before_it_reads_again_is_released() -> None:
     indexes = sorted([late["index"], *[(await f)["index"] for f in first]])
     assert indexes == [0, 1, 2]
     assert await engine.store.range(slots) == []  # nobody left waiting in the next generation
+    await engine.close()
+
+
+async def test_no_lease_id_leaves_the_service_and_none_is_left_behind() -> None:
+    """Locks and barriers answer no lease id and take none (a lease id is etcd's, shared
+    by every namespace); a request that holds nothing when it answers leaves no lease."""
+    store = MemoryStore()
+    engine = Engine(store, max_wait=0.1)
+    held = await call(engine, "lock", "l", "acquire", owner="o1", ttl=30, timeout=0)
+    assert set(held) == {"acquired", "token"}
+    assert len(store._leases) == 1  # the holder's
+    for _ in range(2):  # a retried acquire; a waiter that did not get it (final or not)
+        await call(engine, "lock", "l", "acquire", owner="o1", ttl=30, timeout=0)
+        assert await call(engine, "lock", "l", "acquire", owner="o2", timeout=0.05) == {
+            "acquired": False
+        }
+        assert await call(engine, "lock", "l", "acquire", owner="o2", timeout=5) == {
+            "acquired": False
+        }
+    assert len(store._leases) == 1
+    for wrong in ({"owner": "o2", "token": held["token"]}, {"owner": "o1", "token": 1}):
+        assert await call(engine, "lock", "l", "keepalive", **wrong) == {"alive": False, "ttl": 0}
+        assert await call(engine, "lock", "l", "release", **wrong) == {"released": False}
+    holder = await store.get(collection_prefix("ns", "job", "lock", "l") + b"holder")
+    assert holder is not None and holder.value == b"o1"
+    for op, args in [
+        ("keepalive", {"owner": "o1", "token": held["token"]}),
+        ("release", {"owner": "o1", "token": held["token"]}),
+        ("acquire", {"owner": "o3"}),
+    ]:
+        with pytest.raises(BadRequest, match="does not take lease ids"):
+            await call(engine, "lock", "l", op, lease=holder.lease, **args)
+    with pytest.raises(BadRequest, match="does not take lease ids"):
+        await call(engine, "barrier", "b", "wait", parties=2, participant="p", lease=1)
+    assert await store.lease_keepalive(holder.lease) > 0  # none of them touched it
+    await call(engine, "lock", "l", "release", owner="o1", token=held["token"])
+    assert store._leases == {}
+
+    # a wait over several requests keeps one lease: its slot's, found through the slot
+    first = await call(engine, "barrier", "b", "wait", parties=2, participant="p", timeout=5)
+    (slot,) = await store.range(collection_prefix("ns", "job", "barrier", "b") + b"s/")
+    assert first == {"released": False, "generation": 0} and list(store._leases) == [slot.lease]
+    again = await call(
+        engine, "barrier", "b", "wait", parties=2, participant="p", timeout=5, generation=0
+    )
+    assert again == first and list(store._leases) == [slot.lease]
+    await call(engine, "barrier", "b", "wait", parties=2, participant="q", timeout=0.1)
+    mine = await call(
+        engine, "barrier", "b", "wait", parties=2, participant="p", timeout=0.1, generation=0
+    )
+    assert mine == {"released": True, "index": 0}
+    # q's is revoked; p was released between its requests, so its slot's lease (holding
+    # nothing now) expires with its 15 s TTL
+    assert list(store._leases) == [slot.lease] and not store._leases[slot.lease].keys
     await engine.close()

@@ -1,25 +1,25 @@
-"""Keys have one canonical text on every node; values round-trip as plain data and never
-load code."""
+"""Keys have one canonical text on every node, and are measured before they are parsed
+(values: tests/test_collections_values.py)."""
 
 from __future__ import annotations
 
-import collections
-import datetime
-import decimal
-import fractions
 import os
-import pickle
 import subprocess
 import sys
-import uuid
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from o41.collections import values
-from o41.collections.keys import MAX_KEY, check_encoded, check_name, decode_key, encode_key
+from o41.collections.keys import (
+    MAX_KEY,
+    MAX_KEY_DEPTH,
+    check_encoded,
+    check_name,
+    decode_key,
+    encode_key,
+)
 
 scalar_keys = (
     st.none() | st.booleans() | st.integers() | st.text() | st.binary() | st.floats(allow_nan=False)
@@ -78,63 +78,20 @@ def test_keys_refused_clearly() -> None:
     assert check_name("compute", "train-7.a_b") == "train-7.a_b"
 
 
-PLAIN = [
-    None,
-    True,
-    1,
-    2**80,
-    1.5,
-    float("inf"),
-    1 + 2j,
-    "text",
-    b"bytes",
-    bytearray(b"ba"),
-    [1, [2, "x"]],
-    (1, (2,)),
-    {"a": {1: [b"x"]}, (1, 2): None},
-    {1, 2},
-    frozenset({"a"}),
-    range(3),
-    slice(1, 5, 2),
-    datetime.datetime(2024, 5, 1, 12, tzinfo=datetime.UTC),
-    datetime.date(2024, 5, 1),
-    datetime.time(1, 2),
-    datetime.timedelta(seconds=5),
-    decimal.Decimal("1.25"),
-    fractions.Fraction(1, 3),
-    uuid.UUID(int=7),
-    collections.OrderedDict(a=1),
-    collections.deque([1, 2]),
-    collections.Counter("aab"),
-    collections.defaultdict(list, a=[1]),
-]
-
-
-@pytest.mark.parametrize("value", PLAIN, ids=lambda v: type(v).__name__)
-def test_plain_values_round_trip(value: Any) -> None:
-    back = values.loads(values.dumps(value))
-    assert back == value and type(back) is type(value)
-
-
-class Model:
-    pass
-
-
-class Exploit:
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("echo pwned",))
-
-
-def test_other_values_are_refused_and_never_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(values.ENV_PICKLE, raising=False)
-    with pytest.raises(TypeError, match="are not stored"):
-        values.dumps(Model())
-    with pytest.raises(TypeError, match="factory"):
-        values.dumps(collections.defaultdict(Model))
-    with pytest.raises(pickle.UnpicklingError, match=r"refused to load posix\.system"):
-        values.loads(pickle.dumps(Exploit()))  # what a hostile writer could store
-    with pytest.raises(values.ValueTooLarge, match="value too large"):
-        values.dumps(b"x" * values.MAX_VALUE)
-
-    monkeypatch.setenv(values.ENV_PICKLE, "1")  # every writer trusted: full pickles
-    assert isinstance(values.loads(values.dumps(Model())), Model)
+def test_keys_nested_too_deep_are_refused_before_they_are_parsed() -> None:
+    key: Any = "x"
+    for _ in range(MAX_KEY_DEPTH):
+        key = (key,)
+    assert decode_key(check_encoded(encode_key(key))) == key  # the deepest that fits
+    with pytest.raises(ValueError, match="key nested too deep"):
+        encode_key((key,))
+    deep: Any = ()
+    for _ in range(100_000):
+        deep = (deep,)
+    with pytest.raises(ValueError, match="key nested too deep"):
+        encode_key(deep)  # not a RecursionError
+    for text in ("(" + "[" * 4000, "{" + "[" * 2000 + "]" * 2000, '(["s", ["i1"]]'):
+        with pytest.raises(ValueError, match=r"not an encoded key.*a key's array"):
+            check_encoded(text)
+    with pytest.raises(ValueError, match="key too large"):
+        decode_key("(" + "[" * MAX_KEY)

@@ -19,7 +19,6 @@ from aiohttp import WSMsgType, web
 
 from o41.collections.client import (
     Client,
-    CollectionError,
     HttpTransport,
     NotAllowed,
     Unavailable,
@@ -158,9 +157,9 @@ def test_a_token_that_cannot_be_checked_again_closes_the_socket_unrun(
     client = service.client()
     client.counter("c").add(5)
     service.tokens.down = True
-    with pytest.raises(CollectionError, match="internal error") as refused:
-        client.counter("c").add(1)  # closed unrun; the upgrade again: a 500, logged
-    assert refused.value.status == 500
+    with pytest.raises(Unavailable, match="could not be checked now") as refused:
+        client.counter("c").add(1)  # closed unrun; the upgrade again: a 503, logged
+    assert refused.value.status == 503
     assert "checking a WebSocket's token again failed" in caplog.text
     service.tokens.down = False
     assert client.counter("c").get() == 5

@@ -12,6 +12,7 @@ from o41.core.organization import (
     Picks,
     Refused,
     check_delete,
+    check_organization_delete,
     check_picks,
     check_retire,
     effective,
@@ -68,9 +69,27 @@ def test_retiring_the_fallback_is_refused_with_what_to_do() -> None:
 def test_only_unfinished_locations_can_be_deleted() -> None:
     check_delete(loc("a", unfinished=True, ready=False))
     with pytest.raises(Refused, match=r"retired, never deleted.*spec.retired: true"):
-        check_delete(loc("a"))
+        check_delete(loc("a", ever_ready=True))
     with pytest.raises(Refused, match="setup has not failed"):
         check_delete(loc("a", ready=False))
+
+
+def test_a_location_that_was_ever_ready_is_never_deleted() -> None:
+    """Even when its setup fails later: it may hold versions."""
+    with pytest.raises(Refused, match="it has been Ready, so it may hold versions"):
+        check_delete(loc("a", ready=False, unfinished=True, ever_ready=True))
+
+
+def test_an_organization_with_locations_is_not_deleted() -> None:
+    check_organization_delete("ml", [])
+    with pytest.raises(Refused) as refused:
+        check_organization_delete("ml", ["b", "a"])
+    assert str(refused.value).startswith(
+        "organization 'ml' cannot be deleted: 2 Location(s) belong to it ('a', 'b')"
+    )
+    assert "retired, never deleted" in str(refused.value)
+    with pytest.raises(Refused, match=r"and 2 more"):
+        check_organization_delete("ml", [f"l{i}" for i in range(7)])
 
 
 @pytest.mark.parametrize(

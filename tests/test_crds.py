@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from o41.crd import rendered
+from o41.crd import IMMUTABLE, rendered
+from o41.testbed.kube import kubectl_binary
 
 from fixtures.kube import Kube
 from support import wait_for
@@ -59,3 +62,169 @@ def test_api_server_accepts_the_crds_with_names_and_columns(kube: Kube) -> None:
     crd = json.loads(kube.kubectl("get", "crd", "locations.artifacts.o41.io", "-o", "json"))
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns[:6] == ["Organization", "Cloud", "Region", "Ready", "Role", "Retired"]
+
+
+# --- immutability: what says where the versions live, refused by CEL in the API server ---
+
+CLOSED = "http://127.0.0.1:9"  # loopback, nothing listens: no operator call leaves the host
+
+BACKENDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "s3": ("aws", "us-east-1", {"s3": {"endpoint": CLOSED}}),
+    "gcs": ("gcp", "us-central1", {"gcs": {"endpoint": CLOSED}}),
+    "azureBlob": ("azure", "westeurope", {"azureBlob": {"accountUrl": f"{CLOSED}/acct"}}),
+    "s3Compatible": ("nebius", "eu-north1", {"s3Compatible": {"endpoint": CLOSED}}),
+}
+
+
+def immutable(field: str) -> str:
+    """The whole line kubectl prints for a refused change of ``field``."""
+    return IMMUTABLE.format(field=field)
+
+
+def new_location(kube: Kube, kind: str, **spec: Any) -> str:
+    cloud, region, backend = BACKENDS[kind]
+    name = f"cel-{kind.lower()}-{uuid.uuid4().hex[:6]}"
+    body = {
+        "apiVersion": "artifacts.o41.io/v1alpha1",
+        "kind": "Location",
+        "metadata": {"name": name},
+        "spec": {
+            "organization": "cel-checks",
+            "cloud": cloud,
+            "region": region,
+            "backend": backend,
+            "credentials": {"secretName": "first"},
+            **spec,
+        },
+    }
+    kube.kubectl("create", "-f", "-", input=json.dumps(body))
+    return name
+
+
+def patch(kube: Kube, name: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            kubectl_binary(),
+            f"--kubeconfig={kube.kubeconfig}",
+            "patch",
+            "location",
+            name,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": spec}),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def crds_installed(kube: Kube) -> None:
+    kube.kubectl("apply", "--server-side", "-f", str(CRDS))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "crd/locations.artifacts.o41.io", "--timeout=60s"
+    )
+
+
+# (backend kind, the change, the field named in the refusal)
+CHANGES = [
+    ("s3", {"backend": {"s3": {"endpoint": "http://127.0.0.1:10"}}}, "spec.backend.s3.endpoint"),
+    ("s3", {"backend": {"s3": {"endpoint": None}}}, "spec.backend.s3.endpoint"),
+    ("gcs", {"backend": {"gcs": {"endpoint": "http://127.0.0.1:10"}}}, "spec.backend.gcs.endpoint"),
+    ("gcs", {"backend": {"gcs": {"project": "another"}}}, "spec.backend.gcs.project"),
+    (
+        "azureBlob",
+        {"backend": {"azureBlob": {"accountUrl": "http://127.0.0.1:9/other"}}},
+        "spec.backend.azureBlob.accountUrl",
+    ),
+    (
+        "s3Compatible",
+        {"backend": {"s3Compatible": {"endpoint": "http://127.0.0.1:10"}}},
+        "spec.backend.s3Compatible.endpoint",
+    ),
+    (
+        "s3Compatible",
+        {"backend": {"s3Compatible": {"signingRegion": "us-east-1"}}},
+        "spec.backend.s3Compatible.signingRegion",
+    ),
+    (
+        "s3Compatible",
+        {"backend": {"s3Compatible": {"addressingStyle": "virtual"}}},
+        "spec.backend.s3Compatible.addressingStyle",
+    ),
+    ("s3", {"bucket": "someone-elses"}, "spec.bucket"),
+    ("s3", {"organization": "another"}, "spec.organization"),
+    (
+        "s3",
+        {"cloud": "nebius", "backend": {"s3": None, "s3Compatible": {"endpoint": CLOSED}}},
+        "spec.cloud",
+    ),
+    ("s3", {"region": "eu-west-1"}, "spec.region"),
+]
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize(("kind", "change", "field"), CHANGES, ids=[c[2] for c in CHANGES])
+def test_what_says_where_versions_live_cannot_change(
+    kube: Kube, crds_installed: None, kind: str, change: dict[str, Any], field: str
+) -> None:
+    name = new_location(kube, kind)
+    before = kube.kubectl("get", "location", name, "-o", "jsonpath={.spec}")
+    done = patch(kube, name, change)
+    assert done.returncode != 0
+    # a rule on the field itself shows the refused value first; one on its parent does not
+    key = field.removeprefix("spec.")
+    shown = f'"{change[key]}": ' if key in ("organization", "cloud", "region") else ""
+    assert done.stderr.startswith(f'The Location "{name}" is invalid: '), done.stderr
+    assert f"{field}: Invalid value: {shown}{immutable(field)}" in done.stderr, done.stderr
+    assert kube.kubectl("get", "location", name, "-o", "jsonpath={.spec}") == before
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"backend": {"s3": None, "s3Compatible": {"endpoint": CLOSED}}},  # s3 -> s3Compatible
+        {"backend": {"s3": None, "gcs": {"endpoint": CLOSED}}, "cloud": "gcp"},
+    ],
+    ids=["s3-to-s3Compatible", "s3-to-gcs"],
+)
+def test_the_backend_kind_cannot_change(
+    kube: Kube, crds_installed: None, change: dict[str, Any]
+) -> None:
+    name = new_location(kube, "s3")
+    done = patch(kube, name, change)
+    assert done.returncode != 0
+    kind = immutable("the backend kind (s3, gcs, azureBlob or s3Compatible)")
+    assert done.stderr.startswith(f'The Location "{name}" is invalid: '), done.stderr
+    assert f"spec.backend: Invalid value: {kind}" in done.stderr, done.stderr
+    assert (
+        "s3" in json.loads(kube.kubectl("get", "location", name, "-o", "json"))["spec"]["backend"]
+    )
+
+
+@pytest.mark.kube
+def test_an_optional_field_cannot_be_added_later(kube: Kube, crds_installed: None) -> None:
+    """Absent at creation and set later is a change too (a rule on the field itself would
+    not run then: it has no old value)."""
+    name = new_location(kube, "s3Compatible")
+    done = patch(kube, name, {"backend": {"s3Compatible": {"signingRegion": "auto"}}})
+    assert immutable("spec.backend.s3Compatible.signingRegion") in done.stderr, done.stderr
+    name = new_location(kube, "gcs")
+    done = patch(kube, name, {"backend": {"gcs": {"project": "p"}}})
+    assert immutable("spec.backend.gcs.project") in done.stderr, done.stderr
+
+
+@pytest.mark.kube
+def test_credentials_can_change(kube: Kube, crds_installed: None) -> None:
+    for kind in BACKENDS:
+        name = new_location(kube, kind)
+        done = patch(kube, name, {"credentials": {"secretName": "rotated"}})
+        assert done.returncode == 0, done.stderr
+        got = json.loads(kube.kubectl("get", "location", name, "-o", "json"))["spec"]
+        assert got["credentials"] == {"secretName": "rotated"}
+        # the same backend again (kubectl apply of an unchanged file) is no change
+        done = patch(kube, name, {"backend": BACKENDS[kind][2]})
+        assert done.returncode == 0, done.stderr

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from o41.location_record import LocationRecord
 from o41.storage import bucket_name
+from o41.testbed.product import NAMESPACE
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.kube import Kube
@@ -107,8 +109,8 @@ class Cluster:
         done = self.apply(self.location_body(name, org, kind, **extra))
         assert done.returncode == 0, done.stderr
 
-    def get(self, plural: str, name: str) -> dict[str, Any]:
-        done = self.run("get", plural, name, "-o", "json")
+    def get(self, plural: str, name: str, *args: str) -> dict[str, Any]:
+        done = self.run("get", plural, name, *args, "-o", "json")
         assert done.returncode == 0, done.stderr
         result: dict[str, Any] = json.loads(done.stdout)
         return result
@@ -401,28 +403,30 @@ def test_a_setup_interrupted_between_creating_and_tagging_is_finished_after_a_re
 ) -> None:
     """What a crash between CreateBucket and PutBucketTagging leaves (moto, like many
     S3-compatible stores, ignores tags given at creation), built on purpose since the test
-    above hits that window only by chance: the creation recorded in status, the bucket
-    there without its tag. The restarted operator finishes the setup instead of NameTaken."""
+    above hits that window only by chance: the creation recorded in the operator's record,
+    the bucket there without its tag. The restarted operator finishes the setup instead of
+    NameTaken."""
     org, loc = unique("org"), unique("aws-torn")
     cluster.organization(org)
     operator.stop()
     cluster.location(loc, org)
     uid = cluster.get("location", loc)["metadata"]["uid"]
     bucket = bucket_name("s3", loc, uid)
-    record = json.dumps({"status": {"creatingBucket": bucket}})
-    done = cluster.run(
-        "patch", "location", loc, "--subresource=status", "--type=merge", "-p", record
-    )
+    # what the operator wrote before its create call (here as admin, the operator stopped)
+    record = LocationRecord(uid, loc, creating_bucket=bucket).configmap(NAMESPACE)
+    done = cluster.apply(record)
     assert done.returncode == 0, done.stderr
     s3.client().create_bucket(Bucket=bucket)  # us-east-1, and no tag: the crash came here
     operator.start()
 
     status = cluster.ready(loc)["status"]
     assert status["bucket"] == bucket
-    assert "creatingBucket" not in status  # done with
     assert "created" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
     tags = s3.client().get_bucket_tagging(Bucket=bucket)["TagSet"]
     assert {"Key": "o41.io/location", "Value": uid} in tags
+    data = cluster.get("configmap", f"o41-location-{uid}", "-n", NAMESPACE)["data"]
+    assert "creatingBucket" not in data  # done with
+    assert data["ready"] == "true" and data["readySince"] == status["readySince"]
 
 
 def test_an_unmarked_bucket_without_a_recorded_creation_is_not_adopted(

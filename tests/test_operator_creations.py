@@ -1,14 +1,17 @@
-"""The operator's record of bucket creations (``status.creatingBucket``) when the API server
-cannot take it: the storage then creates nothing (tests/test_storage_stores.py shows that
-part against the stand-ins; tests/test_operator.py the record doing its job)."""
+"""The operator's record of bucket creations (``creatingBucket`` in its record ConfigMap)
+when the API server cannot take it: the storage then creates nothing
+(tests/test_storage_stores.py shows that part against the stand-ins; tests/test_operator.py
+the record doing its job)."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes import client
 
+from o41.location_record import LocationRecord
 from o41.operator import handlers
 from o41.operator.cluster import Cluster
+from o41.operator.records import Records
 from o41.storage import SetupFailed
 from o41.testbed.process import LOOPBACK, free_port
 
@@ -22,15 +25,16 @@ def api_server_away(monkeypatch: pytest.MonkeyPatch) -> None:
     away = Cluster("o41-system")
     away.__dict__["_api"] = client.ApiClient(config)  # the cached client
     monkeypatch.setattr(handlers, "_cluster", away)
+    monkeypatch.setattr(handlers, "_records", Records(away))
 
 
 def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
     api_server_away: None,
 ) -> None:
-    creations = handlers.StatusCreations("aws-east", {})
+    creations = handlers.RecordCreations(LocationRecord("uid-1", "aws-east"))
     with pytest.raises(SetupFailed) as failed:
         creations.record("o41-aws-east-0123")
-    assert failed.value.reason == "StatusNotRecorded"
+    assert failed.value.reason == "RecordNotWritten"
     assert failed.value.retryable
     assert "'o41-aws-east-0123'" in str(failed.value)
     assert "not created until" in str(failed.value)
@@ -38,9 +42,10 @@ def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
 
 
 def test_a_recorded_creation_is_not_written_again(api_server_away: None) -> None:
-    """The resumed setup finds its record in status and sends no second patch (which
-    would fail here)."""
-    creations = handlers.StatusCreations("aws-east", {"creatingBucket": "o41-aws-east-0123"})
+    """The resumed setup finds its record and sends no second patch (which would fail
+    here)."""
+    record = LocationRecord("uid-1", "aws-east", creating_bucket="o41-aws-east-0123")
+    creations = handlers.RecordCreations(record)
     creations.record("o41-aws-east-0123")
     assert creations.recorded("o41-aws-east-0123")
     assert not creations.recorded("o41-aws-east-4567")

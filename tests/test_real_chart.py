@@ -29,7 +29,7 @@ from o41.client.artifacts import ArtifactError, Artifacts
 from o41.core.places import Place
 from o41.testbed.kube import kubectl
 from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
-from o41.testbed.stores import S3Store, start_s3
+from o41.testbed.stores import S3Store, start_moto
 from test_chart import CHART, REPO, helm
 from test_real_node import finished, pod
 
@@ -93,7 +93,7 @@ def helm_run(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def installed(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     directory = tmp_path_factory.mktemp("real-chart")
-    s3 = start_s3(directory / "s3", host=GATEWAY)  # where pods can reach it, and only there
+    s3 = start_moto(directory / "s3", host=GATEWAY)  # where pods can reach it, and only there
     try:
         # the StatefulSet's claims (8Gi each, no class) bind these; there is no provisioner
         real_node.local_volumes(3, "8Gi")

@@ -1,12 +1,16 @@
-"""The signed URLs we hand to pods would pass the real clouds' checks, which the stand-ins skip.
+"""The signed URLs we hand to pods pass the real clouds' checks, and nothing wider does.
 
-moto accepts any SigV4 signature and fake-gcs-server checks no V4 signature. These tests
-recompute the signatures the way AWS and Google document them, independently of the SDKs
-that produced them:
+Offline, for both clouds: these tests recompute the signatures the way AWS and Google
+document them, independently of the SDKs that produced them:
 https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html and
 https://cloud.google.com/storage/docs/access-control/signing-urls-manually
 A good URL must verify. A tampered URL, a wrong secret or key, or an expired URL must not.
-Pure computation: no server, no network.
+(fake-gcs-server checks no V4 signature, so for GCS this is all there is.)
+
+Against the S3 stand-in (versitygw, which checks SigV4 as S3 does): the URLs the placement
+service makes are taken, and every tampered, expired, wrong-key or widened one (another
+method, key, bucket, size, part or region; a signed header added or left out) is refused by
+the store itself, with S3's error code, and changes nothing in the bucket.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import os
 import re
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 from unittest import mock
@@ -25,11 +33,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from o41.storage import BucketRef, SignedRequest, bucket_name, open_bucket, sigv4
+from o41.storage.s3 import S3Bucket
 from o41.testbed.stores import (
     S3_ACCESS_KEY,
     S3_SECRET_KEY,
     GcsStore,
     S3Store,
+    VersityStore,
     throwaway_service_account,
 )
 
@@ -420,3 +431,232 @@ def test_v4_url_expires(signer: GcsStore) -> None:
     assert _check_gcs(signer, url, "GET", at, now=at + dt.timedelta(minutes=15)) == "ok"
     late = at + dt.timedelta(minutes=15, seconds=1)
     assert _check_gcs(signer, url, "GET", at, now=late) == "expired"
+
+
+# ------------------------------------------------------- S3: refused by the store itself
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _send(
+    method: str, url: str, headers: Mapping[str, str], body: bytes | None = None
+) -> tuple[int, str]:
+    """A pod's plain request (no SDK, no proxy, loopback only): (status, S3 error code)."""
+    assert urlsplit(url).hostname == "127.0.0.1", url
+    request = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
+    try:
+        with _DIRECT.open(request, timeout=30) as r:
+            r.read()
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        found = re.search(rb"<Code>([^<]+)</Code>", e.read())
+        return e.code, found.group(1).decode() if found else ""
+
+
+@pytest.fixture(scope="module")
+def bucket(s3: VersityStore) -> S3Bucket:
+    """A bucket set up by o41.storage on the stand-in, as the operator sets one up."""
+    creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    name = bucket_name("s3", "signatures", str(uuid.uuid4()))
+    ref = BucketRef("s3", name, "eu-west-2", endpoint=s3.endpoint, credentials=creds)
+    opened = open_bucket(ref)
+    assert isinstance(opened, S3Bucket)
+    opened.ensure("loc-signatures")
+    return opened
+
+
+def _put(req: SignedRequest, body: bytes, **headers: str) -> tuple[int, str]:
+    return _send(req.method, req.url, {**req.headers, **headers}, body)
+
+
+def _stored(bucket: S3Bucket, key: str) -> bytes | None:
+    """What the bucket holds under ``key`` (None: nothing), read with a fresh signed GET."""
+    request = urllib.request.Request(bucket.presign_get(key, expires=60).url)
+    try:
+        with _DIRECT.open(request, timeout=30) as r:
+            body: bytes = r.read()
+            return body
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+        return None
+
+
+PAYLOAD = b"the bytes the service signed for"
+
+
+def _signed_put(bucket: S3Bucket, key: str) -> SignedRequest:
+    return bucket.presign_put(key, expires=300, size=len(PAYLOAD))
+
+
+def _query_sub(url: str, name: str, value: str) -> str:
+    return re.sub(rf"([?&]{name}=)[^&]*", lambda m: m.group(1) + value, url, count=1)
+
+
+@pytest.mark.stores
+def test_the_services_urls_are_taken_by_the_stand_in(bucket: S3Bucket) -> None:
+    key = "signed/ok ü+.bin"
+    assert _put(_signed_put(bucket, key), PAYLOAD) == (200, "")
+    assert _stored(bucket, key) == PAYLOAD
+
+
+WIDENED_PUTS: dict[str, Callable[[SignedRequest, S3Bucket], tuple[str, dict[str, str]]]] = {
+    "flipped signature": lambda r, b: (r.url[:-1] + ("0" if r.url[-1] != "0" else "1"), {}),
+    "longer expiry": lambda r, b: (_query_sub(r.url, "X-Amz-Expires", "604800"), {}),
+    "earlier date": lambda r, b: (
+        re.sub(r"(X-Amz-Date=\d{8}T\d{4})(\d\d)", lambda m: m.group(1) + "00", r.url),
+        {},
+    ),
+    "extra parameter": lambda r, b: (r.url + "&versionId=1", {}),
+    "added signed header": lambda r, b: (
+        _query_sub(
+            r.url, "X-Amz-SignedHeaders", "content-length%3Bcontent-type%3Bhost%3Bx-amz-acl"
+        ),
+        {"x-amz-acl": "public-read"},
+    ),
+    "removed signed header": lambda r, b: (
+        _query_sub(r.url, "X-Amz-SignedHeaders", "content-length%3Bhost"),
+        {"Content-Type": "text/html"},
+    ),
+    "other content type": lambda r, b: (r.url, {"Content-Type": "text/html"}),
+}
+
+
+@pytest.mark.stores
+@pytest.mark.parametrize("widen", WIDENED_PUTS.values(), ids=WIDENED_PUTS.keys())
+def test_a_tampered_or_widened_put_is_refused(
+    bucket: S3Bucket, widen: Callable[[SignedRequest, S3Bucket], tuple[str, dict[str, str]]]
+) -> None:
+    key = f"signed/{uuid.uuid4().hex}"
+    req = _signed_put(bucket, key)
+    url, headers = widen(req, bucket)
+    assert url != req.url or headers
+    assert _send("PUT", url, {**req.headers, **headers}, PAYLOAD) == (403, "SignatureDoesNotMatch")
+    assert _stored(bucket, key) is None
+
+
+@pytest.mark.stores
+def test_a_put_of_another_size_is_refused(bucket: S3Bucket) -> None:
+    """Content-Length is signed: a pod cannot store more (or fewer) bytes than declared."""
+    key = f"signed/{uuid.uuid4().hex}"
+    req = _signed_put(bucket, key)
+    assert _put(req, PAYLOAD + b"!", **{"Content-Length": str(len(PAYLOAD) + 1)}) == (
+        403,
+        "SignatureDoesNotMatch",
+    )
+    assert _put(req, PAYLOAD[:-1], **{"Content-Length": str(len(PAYLOAD) - 1)}) == (
+        403,
+        "SignatureDoesNotMatch",
+    )
+    assert _stored(bucket, key) is None
+
+
+@pytest.mark.stores
+def test_a_put_to_another_key_or_bucket_is_refused(s3: VersityStore, bucket: S3Bucket) -> None:
+    key, other = f"signed/{uuid.uuid4().hex}", f"signed/{uuid.uuid4().hex}"
+    neighbour = open_bucket(
+        BucketRef(
+            "s3", bucket_name("s3", "neighbour", str(uuid.uuid4())), "eu-west-2",
+            endpoint=s3.endpoint, credentials=bucket.ref.credentials,
+        )
+    )  # fmt: skip
+    neighbour.ensure("loc-neighbour")
+    req = _signed_put(bucket, key)
+    base = bucket._object_base
+    assert req.url.startswith(base + key)
+    to_other_key = req.url.replace(base + key, base + other, 1)
+    to_other_bucket = req.url.replace(f"/{bucket.ref.bucket}/", f"/{neighbour.ref.bucket}/", 1)
+    for url in (to_other_key, to_other_bucket):
+        assert _send("PUT", url, req.headers, PAYLOAD) == (403, "SignatureDoesNotMatch")
+    assert _stored(bucket, other) is None
+    assert isinstance(neighbour, S3Bucket)
+    assert _stored(neighbour, key) is None
+
+
+@pytest.mark.stores
+def test_a_signed_get_does_nothing_else(bucket: S3Bucket) -> None:
+    """A GET URL is not a PUT, a DELETE or a HEAD; a PUT URL is not a GET."""
+    key = f"signed/{uuid.uuid4().hex}"
+    assert _put(_signed_put(bucket, key), PAYLOAD) == (200, "")
+    get = bucket.presign_get(key, expires=300)
+    octets = {"Content-Type": "application/octet-stream"}
+    assert _send("PUT", get.url, octets, b"overwritten") == (403, "SignatureDoesNotMatch")
+    assert _send("DELETE", get.url, {}) == (403, "SignatureDoesNotMatch")
+    assert _send("GET", _signed_put(bucket, key).url, {}) == (403, "SignatureDoesNotMatch")
+    assert _stored(bucket, key) == PAYLOAD
+
+
+def _resign(bucket: S3Bucket, key: str, **over: Any) -> str:
+    """A PUT URL for ``key`` signed like the service's, with ``over`` changed."""
+    creds = bucket.ref.credentials
+    assert creds is not None
+    kw: dict[str, Any] = {
+        "access_key": creds["accessKeyId"],
+        "secret_key": creds["secretAccessKey"],
+        "token": None,
+        "region": "eu-west-2",
+        "expires": 300,
+    }
+    headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(PAYLOAD))}
+    return sigv4.presign("PUT", bucket._object_base + quote(key), headers, **(kw | over))
+
+
+@pytest.mark.stores
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("wrong secret", (403, "SignatureDoesNotMatch")),
+        ("unknown key", (403, "InvalidAccessKeyId")),
+        ("expired", (403, "AccessDenied")),
+    ],
+)
+def test_a_url_signed_with_wrong_keys_or_expired_is_refused(
+    bucket: S3Bucket, case: str, expected: tuple[int, str]
+) -> None:
+    key = f"signed/{uuid.uuid4().hex}"
+    assert bucket.ref.credentials is not None
+    secret = bucket.ref.credentials["secretAccessKey"]
+    cases: dict[str, dict[str, Any]] = {
+        "wrong secret": {"secret_key": secret + "x"},
+        "unknown key": {"access_key": "AKIAO41NOSUCHKEY000"},
+        "expired": {"now": dt.datetime.now(dt.UTC) - dt.timedelta(seconds=301), "expires": 300},
+    }
+    url = _resign(bucket, key, **cases[case])
+    headers = {"Content-Type": "application/octet-stream"}
+    assert _send("PUT", url, headers, PAYLOAD) == expected
+    assert _stored(bucket, key) is None
+    # the same URL, unexpired and with the right keys, is taken: the case alone was refused
+    assert _send("PUT", _resign(bucket, key), headers, PAYLOAD) == (200, "")
+
+
+@pytest.mark.stores
+def test_a_url_signed_for_another_region_is_refused(s3: VersityStore, bucket: S3Bucket) -> None:
+    """Sent to a gateway of one region (as AWS's regional endpoints are), a URL signed for
+    another region is refused."""
+    key = f"signed/{uuid.uuid4().hex}"
+    url = _resign(bucket, key).replace(s3.endpoint, s3.gateway("us-east-1"), 1)
+    status, code = _send("PUT", url, {"Content-Type": "application/octet-stream"}, PAYLOAD)
+    assert (status, code) == (400, "AuthorizationQueryParametersError")
+    assert _stored(bucket, key) is None
+
+
+@pytest.mark.stores
+def test_a_part_url_is_bound_to_its_part_and_upload(bucket: S3Bucket) -> None:
+    key = f"signed/{uuid.uuid4().hex}"
+    chunk = os.urandom(5 * 2**20)
+    upload = bucket.start_multipart(key, parts=2, expires=300)
+    other = bucket.start_multipart(key, parts=1, expires=300)
+    part = upload.parts[0]
+    moved = {
+        "other part": part.url.replace("partNumber=1", "partNumber=2"),
+        "other upload": part.url.replace(
+            f"uploadId={quote(upload.upload_id, safe='')}",
+            f"uploadId={quote(other.upload_id, safe='')}",
+        ),
+    }
+    for url in moved.values():
+        assert url != part.url
+        assert _send("PUT", url, part.headers, chunk) == (403, "SignatureDoesNotMatch")
+    assert _send("PUT", part.url, part.headers, chunk) == (200, "")
+    bucket.abort_multipart(key, upload)
+    bucket.abort_multipart(key, other)

@@ -1,10 +1,13 @@
-"""o41.storage against the stand-ins (moto, fake-gcs-server, Azurite), as the operator and
-the placement service use it: ensure, check, then bytes moved by a plain HTTP client
+"""o41.storage against the stand-ins (versitygw, fake-gcs-server, Azurite), as the operator
+and the placement service use it: ensure, check, then bytes moved by a plain HTTP client
 through the signed requests, exactly as a pod moves them.
 
-What the stand-ins cannot show (signature checks on S3/GCS, real regions on GCS, labels on
-GCS, bad credentials on S3/GCS) is listed in docs/storage.md; signatures are checked offline
-in tests/test_storage.py.
+versitygw checks S3 signatures and part checksums; the few S3 settings it lacks (public
+access block, default encryption, a bucket's region other than the one a request is signed
+for, other accounts) are tested on moto (``s3_moto``), each test saying why. What the
+stand-ins cannot show (GCS signatures, real regions on GCS, labels on GCS, bad credentials on
+GCS) is listed in docs/storage.md; GCS signatures are checked offline in
+tests/test_signatures.py.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from o41.storage import (
 from o41.storage.base import AZURE_OWNER_METADATA, CRC32_HEADER, S3_OWNER_TAG
 from o41.storage.gcs import MARKER_OBJECT
 from o41.testbed.process import free_port
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
+from o41.testbed.stores import AzureStore, GcsStore, S3Store, VersityStore
 from test_signatures import check_sigv4_url
 from test_storage import offline as offline
 
@@ -192,8 +195,30 @@ def test_ensure_creates_once_then_adopts(backend: Backend) -> None:
     open_bucket(backend.ref(name)).check()
 
 
-def test_s3_bucket_is_marked_private_and_encrypted(s3: S3Store) -> None:
+def test_s3_bucket_is_marked_at_creation_and_the_missing_settings_are_warned(
+    s3: VersityStore,
+) -> None:
+    """versitygw keeps the owner tag sent with CreateBucket (no PutBucketTagging needed),
+    and answers NotImplemented to public access block and default encryption: outside AWS
+    that is a warning (for an Event), not a failed setup."""
     backend = _s3(s3)
+    name = _name("s3")
+    ensured = open_bucket(backend.ref(name)).ensure("loc-1")
+    assert ensured.created
+    assert backend.sdk.get_bucket_tagging(Bucket=name)["TagSet"] == [
+        {"Key": S3_OWNER_TAG, "Value": "loc-1"}
+    ]
+    assert ensured.warnings == (
+        f"{s3.endpoint} has no public access block; check the bucket is private",
+        f"{s3.endpoint} does not take a default encryption setting",
+    )
+    # adopted: the same warnings again, nothing else
+    assert open_bucket(backend.ref(name)).ensure("loc-1").warnings == ensured.warnings
+
+
+def test_s3_bucket_is_marked_private_and_encrypted(s3_moto: S3Store) -> None:
+    """moto: versitygw has no public access block or default encryption to read back."""
+    backend = _s3(s3_moto)
     name = _name("s3")
     assert open_bucket(backend.ref(name)).ensure("loc-1").warnings == ()
     sdk = backend.sdk
@@ -209,9 +234,12 @@ def test_s3_bucket_is_marked_private_and_encrypted(s3: S3Store) -> None:
     assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256"
 
 
-def test_s3_adoption_keeps_an_existing_encryption_and_restores_public_blocks(s3: S3Store) -> None:
-    """An adopted bucket may use SSE-KMS by choice: ensure must not downgrade it."""
-    backend = _s3(s3)
+def test_s3_adoption_keeps_an_existing_encryption_and_restores_public_blocks(
+    s3_moto: S3Store,
+) -> None:
+    """An adopted bucket may use SSE-KMS by choice: ensure must not downgrade it. moto:
+    versitygw takes no encryption setting."""
+    backend = _s3(s3_moto)
     name = _name("s3")
     open_bucket(backend.ref(name)).ensure("loc-1")
     kms = {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": "alias/o41-test"}
@@ -347,8 +375,10 @@ def test_another_locations_bucket_is_name_taken(backend: Backend) -> None:
     assert "'loc-1'" in str(failed.value)
 
 
-def test_s3_bucket_of_another_account_is_name_taken(s3: S3Store) -> None:
-    """moto keeps buckets per account (x-moto-account-id), like AWS's global namespace."""
+def test_s3_bucket_of_another_account_is_name_taken(s3_moto: S3Store) -> None:
+    """moto keeps buckets per account (x-moto-account-id), like AWS's global namespace;
+    versitygw's root account sees every bucket."""
+    s3 = s3_moto
     other = s3.client("eu-west-2")
 
     def as_other_account(request: Any, **_: Any) -> None:
@@ -367,10 +397,12 @@ def test_s3_bucket_of_another_account_is_name_taken(s3: S3Store) -> None:
     [("eu-west-2", "us-east-1"), ("us-east-1", "eu-west-2"), ("ap-southeast-1", "eu-west-2")],
 )
 def test_s3_bucket_in_another_region_is_region_mismatch(
-    s3: S3Store, created_in: str, declared: str
+    s3_moto: S3Store, created_in: str, declared: str
 ) -> None:
     """The SDK made the bucket elsewhere and marked it ours; the Location declares another
-    region. us-east-1 answers GetBucketLocation with no constraint at all."""
+    region. us-east-1 answers GetBucketLocation with no constraint at all. moto: versitygw
+    answers GetBucketLocation with the region the request was signed for."""
+    s3 = s3_moto
     name = _name("s3")
     sdk = s3.client(created_in)
     config = {} if created_in == "us-east-1" else {"LocationConstraint": created_in}
@@ -386,6 +418,27 @@ def test_s3_bucket_in_another_region_is_region_mismatch(
     assert declared in str(failed.value)
 
 
+@pytest.mark.parametrize(
+    ("serves", "declared"), [("eu-west-2", "us-east-1"), ("us-east-1", "ap-south-1")]
+)
+def test_s3_endpoint_of_another_region_is_region_mismatch(
+    s3: VersityStore, serves: str, declared: str
+) -> None:
+    """An endpoint serving one region only (like AWS's regional endpoints), a Location
+    declaring another: the store refuses the signature's region, and botocore does not sign
+    again for the region the error names (which would create the bucket there, and leave the
+    pods' URLs, signed for the declared region, all refused)."""
+    creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    name = _name("s3")
+    ref = BucketRef("s3", name, declared, endpoint=s3.gateway(serves), credentials=creds)
+    with pytest.raises(SetupFailed) as failed:
+        open_bucket(ref).ensure("loc-1")
+    assert failed.value.reason == Reason.REGION_MISMATCH
+    assert not failed.value.retryable
+    assert "spec.region" in str(failed.value)
+    assert _s3(s3).listed(name) == []
+
+
 def test_gcs_bucket_in_another_location_is_region_mismatch(gcs: GcsStore) -> None:
     """fake-gcs-server reports every bucket in its own -location (US-CENTRAL1), so a
     Location declaring europe-west4 sees the mismatch, as it would on GCS."""
@@ -398,7 +451,7 @@ def test_gcs_bucket_in_another_location_is_region_mismatch(gcs: GcsStore) -> Non
     assert "US-CENTRAL1" in str(failed.value)
 
 
-def test_s3_compatible_region_is_a_tag(s3: S3Store) -> None:
+def test_s3_compatible_region_is_a_tag(s3: VersityStore) -> None:
     """On an S3-compatible endpoint the region is the user's tag; requests are signed for
     signing_region. ensure cannot check the region there and says so."""
     creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
@@ -415,7 +468,7 @@ def test_s3_compatible_region_is_a_tag(s3: S3Store) -> None:
     assert send(bucket.presign_get("k", expires=60))[2] == data
 
 
-def test_s3_compatible_parts_go_without_checksums(s3: S3Store) -> None:
+def test_s3_compatible_parts_go_without_checksums(s3: VersityStore) -> None:
     """S3-compatible stores differ in what they do with checksum headers: given part
     checksums, the upload is made without them there, and completes."""
     creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
@@ -432,18 +485,35 @@ def test_s3_compatible_parts_go_without_checksums(s3: S3Store) -> None:
     assert stat is not None and stat.size == len(chunks[0]) + len(chunks[1])
 
 
-def test_s3_compatible_endpoint_wanting_another_signing_region(s3: S3Store) -> None:
-    """Signed for eu-north1, the endpoint (moto, like AWS) refuses to create the bucket
-    without a matching location constraint: the message points at signingRegion."""
+def test_s3_compatible_endpoint_wanting_another_signing_region(s3: VersityStore) -> None:
+    """Signed for eu-north1 (no signingRegion), an endpoint serving us-east-1 only refuses
+    the signature's region: the message points at signingRegion."""
     creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
     ref = BucketRef(
-        "s3_compatible", _name("s3_compatible"), "eu-north1", endpoint=s3.endpoint,
+        "s3_compatible", _name("s3_compatible"), "eu-north1", endpoint=s3.gateway("us-east-1"),
         credentials=creds,
     )  # fmt: skip
     with pytest.raises(SetupFailed) as failed:
         open_bucket(ref).ensure("loc-1")
     assert failed.value.reason == "RegionMismatch"
     assert "signingRegion" in str(failed.value)
+    assert _s3(s3).listed(ref.bucket) == []
+
+
+@pytest.mark.parametrize("wrong", ["secretAccessKey", "accessKeyId"])
+def test_s3_wrong_keys_are_bad_credentials(s3: VersityStore, wrong: str) -> None:
+    """versitygw refuses a wrong secret (SignatureDoesNotMatch) and an unknown key
+    (InvalidAccessKeyId) as S3 does: BadCredentials, not retryable, the secret never shown."""
+    creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
+    creds[wrong] = "O41WRONG" + uuid.uuid4().hex.upper()
+    name = _name("s3")
+    with pytest.raises(SetupFailed) as failed:
+        open_bucket(_s3(s3).ref(name, credentials=creds)).ensure("loc-1")
+    assert failed.value.reason == Reason.BAD_CREDENTIALS
+    assert not failed.value.retryable
+    assert "accessKeyId/secretAccessKey" in str(failed.value)
+    assert creds["secretAccessKey"] not in str(failed.value)
+    assert _s3(s3).listed(name) == []
 
 
 def test_azurite_refuses_a_wrong_account_key(azure: AzureStore) -> None:
@@ -540,8 +610,9 @@ def test_multipart_upload_in_parallel(backend: Backend, ready: Bucket, with_crc3
     assert hashlib.sha256(body).digest() == hashlib.sha256(whole).digest()
 
 
-def test_s3_part_urls_are_signed_for_the_buckets_region(s3: S3Store) -> None:
-    """moto accepts any signature: check the part URLs with the secret, as S3 would."""
+def test_s3_part_urls_are_signed_for_the_buckets_region(s3: VersityStore) -> None:
+    """The part URLs verify with the secret as S3 computes it (versitygw takes them too:
+    test_multipart_upload_in_parallel)."""
     bucket = open_bucket(_s3(s3).ref(_name("s3"), region="ap-southeast-1"))
     bucket.ensure("loc-1")
     upload = bucket.start_multipart("k", parts=2, expires=300)
@@ -554,7 +625,7 @@ def test_s3_part_urls_are_signed_for_the_buckets_region(s3: S3Store) -> None:
     bucket.abort_multipart("k", upload)
 
 
-def test_s3_part_checksums_are_signed_into_the_part_urls(s3: S3Store) -> None:
+def test_s3_part_checksums_are_signed_into_the_part_urls(s3: VersityStore) -> None:
     """A part's CRC32 header is part of its signature: S3 refuses the URL with another
     checksum, so a pod cannot swap in other bytes with their own CRC32."""
     bucket = open_bucket(_s3(s3).ref(_name("s3")))
@@ -574,6 +645,11 @@ def test_s3_part_checksums_are_signed_into_the_part_urls(s3: S3Store) -> None:
         assert verdict(part.headers) == "ok"
         swapped = {**part.headers, CRC32_HEADER: crc32_b64(zlib.crc32(b"other bytes"))}
         assert verdict(swapped) == "bad signature"
+        # and the store itself: other bytes with their own checksum, or under the signed one
+        status, _, body = send(replace(part, headers=swapped), b"other bytes")
+        assert (status, b"SignatureDoesNotMatch" in body) == (403, True)
+        status, _, body = send(part, b"other bytes")
+        assert (status, b"BadDigest" in body) == (400, True)
     bucket.abort_multipart("k", upload)
 
 

@@ -18,8 +18,16 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+from botocore.exceptions import ClientError
 
-from o41.testbed.stores import AzureStore, GcsStore, S3Store, inet_sockets, unique_name
+from o41.testbed.stores import (
+    AzureStore,
+    GcsStore,
+    S3Store,
+    VersityStore,
+    inet_sockets,
+    unique_name,
+)
 
 pytestmark = pytest.mark.stores
 
@@ -48,27 +56,39 @@ def http(
 
 
 @pytest.mark.parametrize(
-    ("client_region", "bucket_region", "reported"),
+    ("region", "reported"),
     [
-        ("eu-west-2", "eu-west-2", "eu-west-2"),
-        ("us-east-1", "ap-southeast-1", "ap-southeast-1"),
+        ("eu-west-2", "eu-west-2"),
+        ("ap-southeast-1", "ap-southeast-1"),
         # AWS's legacy answer for us-east-1 is "no constraint": read None as us-east-1.
-        ("us-east-1", "us-east-1", None),
+        ("us-east-1", None),
     ],
 )
 def test_s3_bucket_location_is_the_region_it_was_created_in(
-    s3: S3Store, client_region: str, bucket_region: str, reported: str | None
+    s3: S3Store, region: str, reported: str | None
 ) -> None:
-    """The operator checks a bucket's region with get_bucket_location. moto must answer like AWS."""
-    client = s3.client(client_region)
+    """The operator checks a bucket's region with get_bucket_location: answered like AWS."""
+    client = s3.client(region)
     bucket = unique_name("loc")
-    if bucket_region == "us-east-1":
+    if region == "us-east-1":
         client.create_bucket(Bucket=bucket)
     else:
         client.create_bucket(
-            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": bucket_region}
+            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region}
         )
     assert client.get_bucket_location(Bucket=bucket).get("LocationConstraint") == reported
+
+
+def test_s3_location_constraint_must_be_the_endpoints_region(s3: S3Store) -> None:
+    """Like AWS's regional endpoints, the stand-in creates buckets only in the region a
+    request is signed for (and refuses us-east-1 as a constraint, as AWS does)."""
+    for region, constraint in (("eu-west-2", "ap-southeast-1"), ("us-east-1", "us-east-1")):
+        with pytest.raises(ClientError) as refused:
+            s3.client(region).create_bucket(
+                Bucket=unique_name("loc"),
+                CreateBucketConfiguration={"LocationConstraint": constraint},
+            )
+        assert refused.value.response["Error"]["Code"] == "InvalidLocationConstraint"
 
 
 def test_s3_presigned_put_then_get(s3: S3Store) -> None:
@@ -318,12 +338,24 @@ def test_azure_block_upload_via_sas(azure: AzureStore) -> None:
 # ----------------------------------------------------------------------------------- safety
 
 
-def test_stand_ins_listen_on_loopback_only(s3: S3Store, gcs: GcsStore, azure: AzureStore) -> None:
-    """Every socket the stand-ins hold is on loopback: no telemetry, no calls home."""
-    for store in (s3, gcs, azure):
+def _own_ports(store: S3Store | GcsStore | AzureStore) -> set[int | None]:
+    """The ports a stand-in should listen on: its endpoint, and versitygw's region gateways."""
+    ports = {urlsplit(store.endpoint).port}
+    if isinstance(store, VersityStore):
+        ports |= {urlsplit(store.gateway(r)).port for r in store.regions()}
+    return ports
+
+
+def test_stand_ins_listen_on_loopback_only(
+    s3: VersityStore, s3_moto: S3Store, gcs: GcsStore, azure: AzureStore
+) -> None:
+    """Every socket the stand-ins hold is on loopback: no telemetry, no calls home, no admin
+    or metrics port beyond the ones they serve (versitygw's admin API shares its S3 port)."""
+    s3.gateway("eu-west-2")  # a second region's gateway is running too
+    for store in (s3, s3_moto, gcs, azure):
         sockets = inet_sockets(store.server.pid)
         name = store.server.name
-        assert [s.local_port for s in sockets if s.listening] == [urlsplit(store.endpoint).port]
+        assert {s.local_port for s in sockets if s.listening} == _own_ports(store), name
         for s in sockets:
             assert s.local.is_loopback, f"{name}: {s.proto} socket bound to {s.local}"
             assert s.remote.is_loopback or s.remote.is_unspecified, (

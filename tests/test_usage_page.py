@@ -260,3 +260,19 @@ def test_the_price_file_overrides_the_default(
         load_prices(tmp_path / "missing.json")
     monkeypatch.delenv(PRICES_ENV)
     assert load_prices() is DEFAULT_PRICES
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data", b"token=&organization="),  # no boundary
+        ("multipart/form-data; boundary=zz", b"garbage"),
+        ("application/x-www-form-urlencoded", b"\xff\xfe=%%"),
+    ],
+)
+async def test_a_broken_sign_in_form_is_a_400_page_not_a_500(
+    client: Client, content_type: str, body: bytes
+) -> None:
+    answer = await client.post("/usage", data=body, headers={"Content-Type": content_type})
+    assert answer.status == 400
+    assert "send the sign-in form as the usage page does" in await answer.text()

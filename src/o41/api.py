@@ -117,7 +117,11 @@ class LocationSpec(Model):
         "eu-north1...). Cannot change after creation.",
         pattern=REGION_PATTERN,
     )
-    backend: Backend = Field(description="Where the bucket lives. Cannot change after creation.")
+    backend: Backend = Field(
+        description="Where the bucket lives. Its kind and every field of it cannot change "
+        "after creation (they say where the versions already stored are): create a new "
+        "Location and retire this one instead."
+    )
     bucket: str | None = Field(
         default=None,
         description="Bucket (or container) name; generated from the location when empty, "
@@ -128,7 +132,8 @@ class LocationSpec(Model):
     credentials: SecretRef | None = Field(
         default=None,
         description="Credentials for the backend; when empty the operator's ambient identity "
-        "(IRSA, Workload Identity) is used.",
+        "(IRSA, Workload Identity) is used. May change (rotation): they say who calls the "
+        "bucket, not where it is.",
     )
     retired: bool = Field(
         default=False,
@@ -155,17 +160,18 @@ class LocationStatus(Model):
     unfinished: bool = Field(
         default=False,
         description="Setup failed and the location never became Ready, so it took no write: "
-        "only an unfinished location can be deleted.",
+        "only an unfinished location can be deleted. Shown from the operator's record (a "
+        "ConfigMap in its namespace); admission never reads it here.",
     )
     ready_since: str | None = Field(
-        default=None, description="When the location first became Ready."
-    )
-    creating_bucket: str | None = Field(
         default=None,
-        description="The bucket the operator is creating, recorded before the create call: "
-        "a setup interrupted before marking the bucket adopts it when resumed.",
+        description="When the location first became Ready (from the operator's record).",
     )
-    versions: int = Field(default=0, description="Committed versions stored here.")
+    versions: int = Field(
+        default=0,
+        description="Committed versions stored here, as the placement service counts them "
+        "(copied by the operator from its counts ConfigMap every few seconds).",
+    )
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -26,7 +26,10 @@ from o41.api import (
 
 Schema = dict[str, Any]
 
-IMMUTABLE = "{field} cannot change after creation: create a new Location instead"
+IMMUTABLE = (
+    "{field} cannot change after creation: the versions already stored depend on it. "
+    "Create a new Location with the new value and retire this one (spec.retired: true)"
+)
 
 
 def structural(model: type[BaseModel]) -> Schema:
@@ -71,8 +74,61 @@ def _clean(node: Any, defs: dict[str, Schema]) -> Any:
 def _immutable(schema: Schema, *fields: str) -> None:
     for name in fields:
         schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
-            {"rule": "self == oldSelf", "message": IMMUTABLE.format(field=name)}
+            {"rule": "self == oldSelf", "message": IMMUTABLE.format(field=f"spec.{name}")}
         )
+
+
+def _unchanged(field: str) -> str:
+    """CEL: an optional field is still absent, or still holds its old value. A rule on the
+    field itself would not run when it is added or removed (transition rules need both an
+    old and a new value), so the rule sits on the parent and compares presence too."""
+    return (
+        f"has(self.{field}) == has(oldSelf.{field}) && "
+        f"(!has(self.{field}) || self.{field} == oldSelf.{field})"
+    )
+
+
+# Backend fields that may change after creation: none. Every field of every backend says
+# where the bucket is or how its URLs are made (endpoint, project, account URL, signing
+# region, addressing style); a field added later is immutable unless it is listed here.
+MUTABLE_BACKEND_FIELDS: frozenset[str] = frozenset()
+
+
+def _backend_rules(backend: Schema) -> None:
+    """Exactly one backend; its kind and every field of it fixed at creation.
+
+    The kind rule sits on ``backend`` (required, so always there to compare); each field's
+    rule on its kind's object, which runs only when old and new both have that kind, so a
+    change of kind gets the kind's message alone.
+    """
+    kinds = list(backend["properties"])
+    backend.setdefault("x-kubernetes-validations", []).extend(
+        [
+            {
+                "rule": "[" + ", ".join(f"has(self.{k})" for k in kinds) + "]"
+                ".filter(x, x).size() == 1",
+                "message": "set exactly one backend: " + ", ".join(kinds[:-1]) + f" or {kinds[-1]}",
+            },
+            {
+                "rule": " && ".join(f"has(self.{k}) == has(oldSelf.{k})" for k in kinds),
+                "message": IMMUTABLE.format(
+                    field="the backend kind (" + ", ".join(kinds[:-1]) + f" or {kinds[-1]})"
+                ),
+            },
+        ]
+    )
+    for kind in kinds:
+        options = backend["properties"][kind]
+        for field in options.get("properties", {}):
+            if field in MUTABLE_BACKEND_FIELDS:
+                continue
+            options.setdefault("x-kubernetes-validations", []).append(
+                {
+                    "rule": _unchanged(field),
+                    "message": IMMUTABLE.format(field=f"spec.backend.{kind}.{field}"),
+                    "fieldPath": f".{field}",
+                }
+            )
 
 
 def _conditions(status: Schema) -> None:
@@ -83,15 +139,8 @@ def _conditions(status: Schema) -> None:
 
 def location_schema() -> Schema:
     spec = structural(LocationSpec)
-    _immutable(spec, "organization", "cloud", "region", "backend")
-    backend = spec["properties"]["backend"]
-    backend["x-kubernetes-validations"] = [
-        {
-            "rule": "[has(self.s3), has(self.gcs), has(self.azureBlob), has(self.s3Compatible)]"
-            ".filter(x, x).size() == 1",
-            "message": "set exactly one backend: s3, gcs, azureBlob or s3Compatible",
-        }
-    ]
+    _immutable(spec, "organization", "cloud", "region")
+    _backend_rules(spec["properties"]["backend"])
     spec["x-kubernetes-validations"] = [
         {
             "rule": "!has(self.backend.s3) || self.cloud == 'aws'",
@@ -107,9 +156,9 @@ def location_schema() -> Schema:
             "message": "an azureBlob backend is Azure Blob Storage, so cloud must be azure",
         },
         {
-            "rule": "has(self.bucket) == has(oldSelf.bucket) && "
-            "(!has(self.bucket) || self.bucket == oldSelf.bucket)",
-            "message": IMMUTABLE.format(field="bucket"),
+            "rule": _unchanged("bucket"),
+            "message": IMMUTABLE.format(field="spec.bucket"),
+            "fieldPath": ".bucket",
         },
     ]
     status = structural(LocationStatus)

@@ -60,7 +60,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $etcd := include "o41.etcd" . }}
 {{- $urls := list }}
 {{- range $i := until (int .Values.etcd.replicas) }}
-{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:2379" $etcd $i $etcd $.Release.Namespace) }}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc:2379" (include "o41.etcdScheme" $) $etcd $i $etcd $.Release.Namespace) }}
 {{- end }}
 {{- join "," $urls }}
 {{- end }}
@@ -79,6 +79,44 @@ crash-looping pod. */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* "true" when the chart deploys its own etcd with TLS (etcd.tls.enabled). */}}
+{{- define "o41.etcdTLS" -}}
+{{- if and (not .Values.etcd.external.endpoints) .Values.etcd.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The scheme of the chart's own etcd's client and peer URLs. */}}
+{{- define "o41.etcdScheme" -}}
+{{- if include "o41.etcdTLS" . }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* The Secrets of the chart's etcd TLS, each in a cert-manager Certificate's layout
+(ca.crt, tls.crt, tls.key): the members' serving certificate for clients (ca.crt: the CA
+that signs client certificates), their peer certificate (ca.crt: the peers' CA), and the
+placement service's client certificate (ca.crt: the CA that signed the serving one). */}}
+{{- define "o41.etcdServerTLS" -}}{{ include "o41.etcd" . }}-server-tls{{- end }}
+{{- define "o41.etcdPeerTLS" -}}{{ include "o41.etcd" . }}-peer-tls{{- end }}
+{{- define "o41.etcdClientTLS" -}}{{ include "o41.etcd" . }}-client-tls{{- end }}
+{{/* The common name every peer certificate has, and the only one a member lets in on its
+peer port (--peer-cert-allowed-cn): a client certificate of the same CA is no peer's. */}}
+{{- define "o41.etcdPeerCN" -}}{{ include "o41.etcd" . }}-peer{{- end }}
+
+{{/* The DNS names of the etcd members through the headless Service, as a JSON list: each
+member's <pod>.<svc>.<ns>.svc, its short and long forms, and the wildcards of each form.
+etcd checks that a peer's certificate names resolve to the address it connects from (a
+forward lookup of each name, a reverse lookup against the wildcards), so each member is
+named. */}}
+{{- define "o41.etcdNames" -}}
+{{- $etcd := include "o41.etcd" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $pod := printf "%s-%d" $etcd $i }}
+{{- $names = concat $names (list (printf "%s.%s" $pod $etcd) (printf "%s.%s.%s" $pod $etcd $ns) (printf "%s.%s.%s.svc" $pod $etcd $ns) (printf "%s.%s.%s.svc.cluster.local" $pod $etcd $ns)) }}
+{{- end }}
+{{- $names = concat $names (list (printf "*.%s" $etcd) (printf "*.%s.%s" $etcd $ns) (printf "*.%s.%s.svc" $etcd $ns) (printf "*.%s.%s.svc.cluster.local" $etcd $ns)) }}
+{{- toJson $names }}
 {{- end }}
 
 {{/* The container securityContext of every container the chart runs. */}}

@@ -296,7 +296,7 @@ class Barrier(_Collection):
         has withdrawn (it will not count towards a later release)."""
         participant = _identity()
         deadline = None if timeout is None else time.monotonic() + timeout
-        lease, generation = 0, -1
+        generation = -1
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
             answer = self._call(
@@ -305,7 +305,6 @@ class Barrier(_Collection):
                 participant=participant,
                 timeout=min(remaining, MAX_WAIT),
                 final=remaining <= MAX_WAIT,
-                lease=lease,
                 generation=generation,
             )
             if answer["released"]:
@@ -316,7 +315,7 @@ class Barrier(_Collection):
                     f"{self.parties - 1} participants arrived within {timeout:g} s; this "
                     "participant withdrew"
                 )
-            lease, generation = int(answer["lease"]), int(answer["generation"])
+            generation = int(answer["generation"])  # the service finds its arrival again
 
     def __repr__(self) -> str:
         return f"sky.barrier({self.name!r}, {self.parties})"
@@ -348,7 +347,7 @@ class Lock(_Collection):
         self.ttl = ttl
         self.timeout = timeout
         self._token: int | None = None
-        self._lease = 0
+        self._owner = ""  # this acquisition's id: the service finds the lease through it
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self.lost = False
@@ -372,38 +371,31 @@ class Lock(_Collection):
         timeout = self.timeout if timeout is _MISSING else timeout
         owner = _identity()
         deadline = None if timeout is None else time.monotonic() + timeout
-        lease = 0
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
             answer = self._call(
-                "acquire",
-                owner=owner,
-                ttl=self.ttl,
-                timeout=min(remaining, MAX_WAIT),
-                final=remaining <= MAX_WAIT,
-                lease=lease,
+                "acquire", owner=owner, ttl=self.ttl, timeout=min(remaining, MAX_WAIT)
             )
             if answer["acquired"]:
-                self._token, self._lease, self.lost = (
-                    int(answer["token"]),
-                    int(answer["lease"]),
-                    False,
-                )
+                self._token, self._owner, self.lost = int(answer["token"]), owner, False
                 self._stop.clear()
                 self._keeper = threading.Thread(
                     target=self._keep, name=f"o41-lock-{self.name}", daemon=True
                 )
                 self._keeper.start()
                 return True
-            if "lease" not in answer:
-                return False
-            lease = int(answer["lease"])
+            if deadline is not None and time.monotonic() >= deadline:
+                return False  # else the service waited its longest: ask again
+
+    def _held(self) -> builtins.dict[str, Any]:
+        """What names this holder to the service: no lease id, which stays there."""
+        return {"owner": self._owner, "token": self._token}
 
     def _keep(self) -> None:
         """Refresh the lease every third of its TTL while held."""
         while not self._stop.wait(self.ttl / 3):
             try:
-                if not self._call("keepalive", lease=self._lease)["alive"]:
+                if not self._call("keepalive", **self._held())["alive"]:
                     self.lost = True
                     return
             except CollectionError:
@@ -415,8 +407,9 @@ class Lock(_Collection):
         self._stop.set()
         if self._keeper is not None:
             self._keeper.join()
-        lease, self._token, self._lease = self._lease, None, 0
-        self._call("release", lease=lease)
+        held = self._held()
+        self._token, self._owner = None, ""
+        self._call("release", **held)
 
     def __enter__(self) -> Lock:
         if not self.acquire():

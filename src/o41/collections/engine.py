@@ -18,6 +18,11 @@ the authenticated caller, never from the request.
 - lock: ``.../holder`` with the holder's lease; the key's create revision is the fencing
   token.
 
+Leases never leave the service: etcd's lease ids are one space for every namespace, so a
+client that could name one could keep alive or revoke another namespace's lock or the
+placement service's own leases. A request finds a lease only through a key under its own
+prefix (the holder key whose value is its owner, the slot whose value is its participant).
+
 Consistency: "strong" goes to etcd on every call (majority commit, linearizable reads).
 "eventual" is acknowledged by this replica: writes are buffered and written to etcd in
 batches at least every ``flush_interval`` seconds; reads come from this replica's copy of
@@ -33,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -399,22 +405,24 @@ class Engine:
 
         ``final``: the participant gives up when this request times out, so it withdraws,
         atomically: either it withdrew and the generation cannot release with it, or the
-        generation was released with it first. Otherwise the answer carries the lease and
-        generation for the next request of the same wait.
+        generation was released with it first. Otherwise the answer carries the generation
+        for the next request of the same wait, which finds its arrival again by the slot's
+        value (the participant) and keeps that slot's lease alive: no lease id ever leaves
+        the service (they are etcd's, shared by every namespace).
         """
+        no_lease(args)
         parties = int_arg(args, "parties", lo=1, hi=MAX_PARTIES)
         who = id_arg(args, "participant")
         wait = float_arg(args, "timeout", self.max_wait)
         deadline = time.monotonic() + min(wait, self.max_wait)
         final = bool(args.get("final", True)) and wait <= self.max_wait
-        lease = int_arg(args, "lease", 0, lo=0)
         generation = int_arg(args, "generation", -1, lo=-1)  # where this participant arrived
         await self._barrier_parties(prefix, parties)
-        if not lease or await self.store.lease_keepalive(lease) <= 0:
-            lease = await self.store.lease_grant(self.arrival_ttl)
-        gen_key, slots = prefix + b"gen", prefix + b"s/"
+        gen_key, slots, me = prefix + b"gen", prefix + b"s/", who.encode()
         changes: Changes | None = None
-        refreshed = time.monotonic()
+        refreshed = -math.inf  # a slot found from an earlier request: refreshed at once
+        lease = 0  # the lease of this participant's slot, found through the slot itself
+        granted = 0  # a lease this request granted for its arrival
         mine: list[bytes] = []
         others = 0
         try:
@@ -428,22 +436,24 @@ class Engine:
                 if 0 <= generation < gen:
                     index = _released_index(snap.results[2], who)
                     if index is not None:
-                        await self.store.lease_revoke(lease)
                         return {"released": True, "index": index}
                     generation = -1  # the arrival expired before the release: arrive again
-                mine = [k for k, kv in taken.items() if kv.value.decode() == who]
+                mine = [k for k, kv in taken.items() if kv.value == me]
                 others = len(taken) - len(mine)
                 if not mine:
                     free = [i for i in range(parties) if slots + b"%06d" % i not in taken]
                     if free:
                         slot = slots + b"%06d" % free[0]
+                        if not granted:
+                            granted = await self.store.lease_grant(self.arrival_ttl)
+                            refreshed = time.monotonic()
                         try:
                             arrival = await self.store.txn(
                                 [_gen_is(gen_key, gen), Compare(slot, "version", "==", 0)],
-                                [Put(slot, who.encode(), lease=lease)],
+                                [Put(slot, me, lease=granted)],
                             )
                         except LeaseNotFound:
-                            lease = await self.store.lease_grant(self.arrival_ttl)
+                            granted = 0
                         else:
                             if arrival.succeeded:  # in ``gen``, even if it is released
                                 generation = gen  # before the next read: look there first
@@ -451,6 +461,7 @@ class Engine:
                     # a full generation (others are being released): wait for the next
                 else:
                     generation = gen
+                    lease = taken[mine[0]].lease
                     if len(taken) >= parties and await self._barrier_release(prefix, gen, taken):
                         continue  # the next read finds the release record
                 if changes is None:
@@ -458,27 +469,38 @@ class Engine:
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                if now - refreshed > self.arrival_ttl / 3:
+                if lease and now - refreshed > self.arrival_ttl / 3:
                     await self.store.lease_keepalive(lease)
                     refreshed = now
                 await changes.wait(min(deadline - now, self.arrival_ttl / 3))
+            if not final:
+                if granted != lease:
+                    await self._drop(granted)
+                granted = lease = 0  # the slot stays held for the next request
+                return {"released": False, "generation": generation}
+            if mine:
+                withdrawn = await self.store.txn(
+                    [_gen_is(gen_key, generation)], [Delete(key) for key in mine]
+                )
+                if not withdrawn.succeeded:  # the generation moved on: released with it?
+                    record = await self.store.get(_released(prefix, generation))
+                    index = _released_index((record,) if record else (), who)
+                    if index is not None:
+                        return {"released": True, "index": index}
+            return {"released": False, "timed_out": True, "arrived": others, "parties": parties}
         finally:
             if changes is not None:
                 await changes.close()
-        if not final:
-            return {"released": False, "lease": lease, "generation": generation}
-        if mine:
-            withdrawn = await self.store.txn(
-                [_gen_is(gen_key, generation)], [Delete(key) for key in mine]
-            )
-            if not withdrawn.succeeded:  # the generation moved on: released with it?
-                record = await self.store.get(_released(prefix, generation))
-                index = _released_index((record,) if record else (), who)
-                if index is not None:
-                    await self.store.lease_revoke(lease)
-                    return {"released": True, "index": index}
-        await self.store.lease_revoke(lease)
-        return {"released": False, "timed_out": True, "arrived": others, "parties": parties}
+            await self._drop(lease, granted)  # released or withdrawn: its slot is gone
+
+    async def _drop(self, *leases: int) -> None:
+        """Revoke leases this request found through its own keys or granted itself (a
+        lease left over would hold nothing, but would live its TTL in etcd)."""
+        for lease in {lease for lease in leases if lease}:
+            try:
+                await self.store.lease_revoke(lease)
+            except StoreUnavailable as e:  # it expires with its TTL
+                log.warning("a lease was not revoked (%s); it expires on its own", e)
 
     async def _barrier_parties(self, prefix: bytes, parties: int) -> None:
         key = prefix + b"parties"
@@ -516,20 +538,24 @@ class Engine:
 
     async def _lock_acquire(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Take the lock for ``owner`` with a lease of ``ttl`` seconds, waiting up to
-        ``timeout`` (at most ``max_wait``). Retrying with the same owner is safe."""
+        ``timeout`` (at most ``max_wait``). Retrying with the same owner is safe. The lease
+        stays in the service: the holder is named by ``owner`` and the fencing token, and
+        a request that did not take the lock revokes the lease it granted before it answers.
+        """
+        no_lease(args)
         owner = id_arg(args, "owner").encode()
         ttl = int_arg(args, "ttl", 30, lo=1, hi=3600)
         wait = float_arg(args, "timeout", self.max_wait)
         deadline = time.monotonic() + min(wait, self.max_wait)
-        final = bool(args.get("final", True)) and wait <= self.max_wait
-        lease = int_arg(args, "lease", 0, lo=0)
-        if not lease or await self.store.lease_keepalive(lease) <= 0:
-            lease = await self.store.lease_grant(ttl)
         holder = prefix + b"holder"
         changes: Changes | None = None
+        lease = 0  # granted by this request; the holder's once the lock is taken
         refreshed = time.monotonic()
         try:
             while True:
+                if not lease:
+                    lease = await self.store.lease_grant(ttl)
+                    refreshed = time.monotonic()
                 try:
                     result = await self.store.txn(
                         [Compare(holder, "version", "==", 0)],
@@ -537,22 +563,19 @@ class Engine:
                         [Get(holder)],
                     )
                 except LeaseNotFound:
-                    lease = await self.store.lease_grant(ttl)
+                    lease = 0
                     continue
                 if result.succeeded:
-                    return {"acquired": True, "token": result.revision, "lease": lease}
+                    lease = 0  # it holds the lock now: not this request's to revoke
+                    return {"acquired": True, "token": result.revision}
                 current = result.results[0][0]
                 if current.value == owner:  # a retried request: it is ours already
-                    return {
-                        "acquired": True,
-                        "token": current.create_revision,
-                        "lease": current.lease,
-                    }
+                    return {"acquired": True, "token": current.create_revision}
                 if changes is None:
                     changes = Changes(self.store, holder, result.revision + 1)
                 now = time.monotonic()
                 if now >= deadline:
-                    break
+                    return {"acquired": False}
                 if now - refreshed > ttl / 3:
                     await self.store.lease_keepalive(lease)
                     refreshed = now
@@ -560,18 +583,34 @@ class Engine:
         finally:
             if changes is not None:
                 await changes.close()
-        if final:
-            await self.store.lease_revoke(lease)
-            return {"acquired": False}
-        return {"acquired": False, "lease": lease}
+            await self._drop(lease)
+
+    def _held(self, prefix: bytes, args: dict[str, Any]) -> tuple[bytes, bytes, int]:
+        """The holder key, ``owner`` and the fencing token a keep-alive or release names."""
+        no_lease(args)
+        return prefix + b"holder", id_arg(args, "owner").encode(), int_arg(args, "token", lo=1)
 
     async def _lock_keepalive(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        ttl = await self.store.lease_keepalive(int_arg(args, "lease", lo=1))
+        """Refresh the holder's lease, found through the holder key, if ``owner`` with this
+        token still holds the lock."""
+        holder, owner, token = self._held(prefix, args)
+        current = await self.store.get(holder)
+        if current is None or current.value != owner or current.create_revision != token:
+            return {"alive": False, "ttl": 0}
+        ttl = await self.store.lease_keepalive(current.lease) if current.lease else 0
         return {"alive": ttl > 0, "ttl": ttl}
 
     async def _lock_release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        await self.store.lease_revoke(int_arg(args, "lease", lo=1))
-        return {}
+        """Free the lock if ``owner`` with this token holds it (one guarded delete), then
+        revoke the lease that held it; whether it was still held."""
+        holder, owner, token = self._held(prefix, args)
+        result = await self.store.txn(
+            [Compare(holder, "value", "==", owner), Compare(holder, "create", "==", token)],
+            [Delete(holder)],
+        )
+        if result.succeeded:
+            await self._drop(*(kv.lease for kv in result.results[0]))
+        return {"released": result.succeeded}
 
     # the eventual writes: buffered, then written in batches
 
@@ -754,6 +793,17 @@ class Engine:
                 replica.task.cancel()
                 with contextlib.suppress(BaseException):
                     await replica.task
+
+
+def no_lease(args: dict[str, Any]) -> None:
+    """Refuse a request that names an etcd lease (as earlier clients did): lease ids
+    are shared by every namespace, so the service never acts on one a client sends."""
+    if "lease" in args:
+        raise BadRequest(
+            "lease: the service does not take lease ids from clients; a lock is named by "
+            "its owner and token, a barrier's arrival by its participant: upgrade the o41 "
+            "client in this image"
+        )
 
 
 def _released(prefix: bytes, generation: int) -> bytes:

@@ -18,6 +18,12 @@ versions, so neither will do. The encoding is a tag character and a body:
 Keys are compared by type and value: ``1``, ``1.0`` and ``True`` are three different
 keys (a Python dict would merge them). Anything else, hashable or not, is refused with a
 :class:`TypeError` that says what is accepted.
+
+Limits: :data:`MAX_KEY` bytes encoded, and tuples and frozensets nested at most
+:data:`MAX_KEY_DEPTH` levels (each level escapes the one inside it, so 4096 bytes hold 10
+levels at most anyway). Both are checked before a text is decoded: the arrays inside a
+text must be flat arrays of strings, measured before they are parsed, so that a text of
+4,000 nested brackets is refused, not recursed into.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ import math
 import re
 from typing import Any
 
+from o41.jsonlimits import TooDeep, check_depth
+
 MAX_KEY = 4096  # bytes of the encoded key (UTF-8)
+MAX_KEY_DEPTH = 10  # tuples and frozensets inside each other (the most 4096 bytes hold)
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}")
 NAME_RULE = "1-127 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -39,14 +48,14 @@ ACCEPTED = "None, bool, int, float, str, bytes, and tuples or frozensets of thos
 def encode_key(key: object) -> str:
     """The canonical text of ``key``; :class:`TypeError` for a type that cannot be a key,
     :class:`ValueError` for a NaN or a key over :data:`MAX_KEY` bytes."""
-    text = _encode(key)
+    text = _encode(key, 0)
     size = len(text.encode())
     if size > MAX_KEY:
         raise ValueError(f"key too large: {size} bytes encoded, the limit is {MAX_KEY}")
     return text
 
 
-def _encode(key: object) -> str:
+def _encode(key: object, depth: int) -> str:
     if key is None:
         return "N"
     if key is True:
@@ -66,12 +75,15 @@ def _encode(key: object) -> str:
     if kind is bytes:
         assert isinstance(key, bytes)
         return "b" + base64.urlsafe_b64encode(key).decode()
-    if kind is tuple:
-        assert isinstance(key, tuple)
-        return "(" + _array([_encode(k) for k in key])
-    if kind is frozenset:
-        assert isinstance(key, frozenset)
-        return "{" + _array(sorted(_encode(k) for k in key))
+    if kind is tuple or kind is frozenset:
+        assert isinstance(key, tuple | frozenset)
+        if depth >= MAX_KEY_DEPTH:
+            raise ValueError(
+                f"key nested too deep: tuples and frozensets inside each other at most "
+                f"{MAX_KEY_DEPTH} levels"
+            )
+        texts = [_encode(k, depth + 1) for k in key]
+        return "(" + _array(texts) if kind is tuple else "{" + _array(sorted(texts))
     try:
         hash(key)
     except TypeError:
@@ -89,13 +101,15 @@ def _array(items: list[str]) -> str:
 
 def decode_key(text: str) -> Any:
     """The key whose canonical text is ``text``; :class:`ValueError` if it is not one."""
+    if len(text) > MAX_KEY:
+        raise ValueError(f"key too large: the limit is {MAX_KEY} bytes encoded")
     try:
-        return _decode(text)
-    except (ValueError, TypeError, IndexError, json.JSONDecodeError) as e:
+        return _decode(text, 0)
+    except (ValueError, TypeError, IndexError) as e:
         raise ValueError(f"not an encoded key: {text[:80]!r} ({e})") from None
 
 
-def _decode(text: str) -> Any:
+def _decode(text: str, depth: int) -> Any:
     tag, body = text[0], text[1:]
     if tag == "s":
         return body
@@ -115,10 +129,13 @@ def _decode(text: str) -> Any:
     if tag == "b":
         return base64.urlsafe_b64decode(body.encode())
     if tag in "({":
+        if depth >= MAX_KEY_DEPTH:
+            raise TooDeep(f"nested deeper than {MAX_KEY_DEPTH} levels")
+        check_depth(body, 1, "a key's array", max_containers=1)  # a flat array of texts
         items = json.loads(body)
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise ValueError("not an array of keys")
-        decoded = [_decode(i) for i in items]
+        decoded = [_decode(i, depth + 1) for i in items]
         return tuple(decoded) if tag == "(" else frozenset(decoded)
     raise ValueError(f"unknown tag {tag!r}")
 
@@ -130,7 +147,7 @@ def check_encoded(text: object) -> str:
         raise ValueError("a key must be a non-empty encoded key string")
     if len(text) > MAX_KEY or len(text.encode()) > MAX_KEY:
         raise ValueError(f"key too large: the limit is {MAX_KEY} bytes encoded")
-    if _encode(decode_key(text)) != text:
+    if _encode(decode_key(text), 0) != text:
         raise ValueError(f"not the canonical encoding of its key: {text[:80]!r}")
     return text
 

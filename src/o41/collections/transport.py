@@ -84,6 +84,14 @@ class NotAllowed(CollectionError, PermissionError):
     status = 401
 
 
+class LimitReached(CollectionError):
+    """The namespace's quota, or this token's rate, was reached (HTTP 429): the message
+    says the usage, the limit and what to do; ``retry_after`` seconds for a rate."""
+
+    status = 429
+    retry_after: int | None = None
+
+
 class Unavailable(CollectionError, ConnectionError):
     """The collections cannot answer now: etcd lost its majority, or the service is down.
 
@@ -102,6 +110,7 @@ def error_for(status: int, message: str) -> Exception:
         401: NotAllowed,
         403: NotAllowed,
         409: Conflict,
+        429: LimitReached,
         503: Unavailable,
         504: Unavailable,
     }

@@ -23,7 +23,8 @@ class LocationFacts:
     region: str
     retired: bool = False
     ready: bool = False
-    unfinished: bool = False  # setup failed and it never took a write
+    unfinished: bool = False  # setup failed and it never became Ready, so took no write
+    ever_ready: bool = False  # it became Ready once, so it may hold versions
 
     @property
     def eligible(self) -> bool:
@@ -113,14 +114,35 @@ def check_retire(location: str, organization: str, in_force: Effective) -> None:
 
 
 def check_delete(location: LocationFacts) -> None:
-    """Only an unfinished location can be removed; every other one is retired instead."""
-    if location.unfinished:
+    """Only an unfinished location can be removed; every other one is retired instead.
+
+    The facts must come from what only the operator records, never from status."""
+    if location.unfinished and not location.ever_ready:
         return
-    why = "it is Ready" if location.ready else "its setup has not failed"
+    if location.ever_ready:
+        why = "it has been Ready, so it may hold versions"
+    else:
+        why = "its setup has not failed, so it may still become Ready and take writes"
     raise Refused(
         f"location {location.name!r} cannot be deleted ({why}; a location that may hold "
         f"versions is retired, never deleted): set spec.retired: true to stop new writes "
         f"while its versions stay readable"
+    )
+
+
+def check_organization_delete(organization: str, locations: Sequence[str]) -> None:
+    """An organization's versions are found through it: deleting it while Locations
+    belong to it would make their versions unreadable (404)."""
+    if not locations:
+        return
+    shown = ", ".join(repr(n) for n in sorted(locations)[:5])
+    more = f" and {len(locations) - 5} more" if len(locations) > 5 else ""
+    raise Refused(
+        f"organization {organization!r} cannot be deleted: {len(locations)} Location(s) "
+        f"belong to it ({shown}{more}) and its versions live there; they would no longer "
+        f"be readable. Delete its unfinished Locations first; a Location that may hold "
+        f"versions is retired, never deleted, so an organization with one stays (to stop "
+        f"pods from using it, set its spec.namespaces to [])"
     )
 
 

@@ -3,10 +3,15 @@
 CEL in the CRDs checks what one object can check alone (immutable cloud, region, backend);
 these checks need other objects (the fallback in force, the Locations a pick names) or act
 on DELETE, which CEL cannot. Every refusal says what to do instead.
+
+No rule here decides from a field a user can write: whether a location ever became Ready
+or its setup failed comes from the operator's record (a ConfigMap only the operator
+writes), read from the API server at the time of the request, never from status.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -18,12 +23,13 @@ from o41.core.organization import (
     Picks,
     Refused,
     check_delete,
+    check_organization_delete,
     check_picks,
     check_retire,
     effective,
 )
-from o41.operator.handlers import entries_of, one
-from o41.operator.model import LocationEntry, OrganizationEntry, in_order, location_entry
+from o41.operator.handlers import cluster, entries_of, one, records, with_record
+from o41.operator.model import LocationEntry, OrganizationEntry, in_order, location_facts
 
 
 def _refuse(e: Refused) -> kopf.AdmissionError:
@@ -54,12 +60,43 @@ def refuse_retiring_the_fallback(
         raise _refuse(e) from None
 
 
+def _unavailable(what: str, e: Exception) -> kopf.AdmissionError:
+    return kopf.AdmissionError(
+        f"could not read {what} from the API server ({type(e).__name__}), so nothing is "
+        f"deleted: try again shortly",
+        code=503,
+    )
+
+
 @kopf.on.validate(GROUP, VERSION, "locations", id="location-delete", operations=["DELETE"])
-def refuse_deleting_a_used_location(
-    name: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, **_: Any
+async def refuse_deleting_a_used_location(
+    name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
 ) -> None:
+    """From the operator's record, read now: status could say anything."""
     try:
-        check_delete(location_entry(name, meta, spec, status).facts)
+        record = await asyncio.to_thread(records().read, str(meta.get("uid", "")))
+    except Exception as e:
+        raise _unavailable(f"the operator's record of location {name!r}", e) from None
+    try:
+        check_delete(location_facts(name, spec, record))
+    except Refused as e:
+        raise _refuse(e) from None
+
+
+@kopf.on.validate(GROUP, VERSION, "organizations", id="organization-delete", operations=["DELETE"])
+async def refuse_deleting_an_organization_with_locations(name: str, **_: Any) -> None:
+    """Its Locations, listed now (a cached index could miss one just created)."""
+    try:
+        every = await asyncio.to_thread(cluster().list_locations)
+    except Exception as e:
+        raise _unavailable("the Locations", e) from None
+    mine = [
+        str(loc["metadata"]["name"])
+        for loc in every
+        if (loc.get("spec") or {}).get("organization") == name
+    ]
+    try:
+        check_organization_delete(name, mine)
     except Refused as e:
         raise _refuse(e) from None
 
@@ -85,7 +122,9 @@ def refuse_unusable_picks(
         {cloud: loc for cloud, loc in defaults.items() if old_defaults.get(cloud) != loc},
     )
     known: dict[str, tuple[str, LocationFacts]] = {
-        key: (e.organization, e.facts) for key in locations_by_name for e in locations_by_name[key]
+        key: (e.organization, with_record(e).facts)
+        for key in locations_by_name
+        for e in locations_by_name[key]
     }
     try:
         check_picks(name, picks, known)

@@ -74,3 +74,65 @@ class Cluster:
         except ApiException as e:
             if e.status != 404:  # gone meanwhile: nothing to show status on
                 raise
+
+    # --- ConfigMaps in the operator's namespace: its records, the placement's counts -----
+
+    def read_configmap(self, name: str) -> dict[str, Any] | None:
+        """The ConfigMap as a plain dict, None when it does not exist."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = client.CoreV1Api(self._api).read_namespaced_config_map(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        result: dict[str, Any] = self._api.sanitize_for_serialization(found)
+        return result
+
+    def list_configmaps(self, selector: str) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        found = client.CoreV1Api(self._api).list_namespaced_config_map(
+            self.namespace, label_selector=selector
+        )
+        items: list[dict[str, Any]] = self._api.sanitize_for_serialization(found)["items"]
+        return items
+
+    def create_configmap(self, body: dict[str, Any]) -> bool:
+        """Create it; False when one of that name exists already."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            client.CoreV1Api(self._api).create_namespaced_config_map(self.namespace, body)  # type: ignore[arg-type]  # a dict body is sent as is
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    def patch_configmap(self, name: str, body: dict[str, Any]) -> bool:
+        """Merge ``body`` into the ConfigMap (None removes a key); False when it does not
+        exist."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            client.CoreV1Api(self._api).patch_namespaced_config_map(name, self.namespace, body)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def list_locations(self) -> list[dict[str, Any]]:
+        """Every Location, read now (admission must not trust a lagging cache)."""
+        from kubernetes import client
+
+        found: dict[str, Any] = client.CustomObjectsApi(self._api).list_cluster_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, "locations"
+        )
+        items: list[dict[str, Any]] = found["items"]
+        return items

@@ -1,7 +1,8 @@
 """kopf handlers: thin, they turn objects into facts and call the core and storage.
 
 - Location: set up its bucket (idempotent, retried with backoff), record the outcome in
-  status, check it stays reachable.
+  the operator's record (``o41.operator.records``) and show it in status, check it stays
+  reachable; copy the placement service's version counts into status.
 - Organization: keep the fallback and cloud defaults in force, as ``o41.core.organization``
   says, whenever a Location or the Organization changes; post an Event for each change.
 """
@@ -11,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kopf
 
 from o41.api import GROUP, VERSION
 from o41.core.organization import Effective, effective
+from o41.location_record import LocationRecord
 from o41.locations import bucket_ref
+from o41.operator import versions
 from o41.operator.cluster import Cluster, SecretMissing, operator_namespace
 from o41.operator.model import (
     LocationEntry,
@@ -27,15 +30,18 @@ from o41.operator.model import (
     location_entry,
     now,
     organization_entry,
+    recorded,
     role,
     with_condition,
 )
+from o41.operator.records import Records
 from o41.storage import SetupFailed, open_bucket
 
 CHECK_INTERVAL = float(os.environ.get("O41_LOCATION_CHECK_INTERVAL", "60"))
 MAX_BACKOFF = float(os.environ.get("O41_MAX_BACKOFF", "300"))
 
 _cluster: Cluster | None = None
+_records: Records | None = None
 _org_locks: dict[str, asyncio.Lock] = {}
 _in_force: dict[str, Effective] = {}
 
@@ -45,6 +51,32 @@ def cluster() -> Cluster:
     if _cluster is None:
         _cluster = Cluster(operator_namespace())
     return _cluster
+
+
+def records() -> Records:
+    global _records
+    if _records is None:
+        _records = Records(cluster())
+    return _records
+
+
+@kopf.on.startup()
+async def load_records(logger: kopf.Logger, **_: Any) -> None:
+    """Before any handler or index sees a Location, know what the operator recorded."""
+    found = await asyncio.to_thread(records().load)
+    logger.info("loaded %d location records from namespace %s", found, cluster().namespace)
+
+
+@kopf.on.startup()
+async def start_copying_counts(memo: kopf.Memo, **_: Any) -> None:
+    memo["counts"] = asyncio.create_task(versions.copy_counts(cluster(), versions.INTERVAL))
+
+
+@kopf.on.cleanup()
+async def stop_copying_counts(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("counts")
+    if task is not None:
+        task.cancel()
 
 
 # --- indexes: the in-memory views the handlers and the admission webhook read ------------
@@ -67,8 +99,13 @@ def one(index: kopf.Index[str, Any], key: str) -> Any | None:
     return values[0] if values else None
 
 
+def with_record(entry: LocationEntry) -> LocationEntry:
+    """The entry with what the operator's record says now."""
+    return replace(entry, facts=recorded(entry.facts, records().cached(entry.uid)))
+
+
 def entries_of(locations: kopf.Index[str, LocationEntry], org: str) -> list[LocationEntry]:
-    return [e for key in locations for e in locations[key] if e.organization == org]
+    return [with_record(e) for key in locations for e in locations[key] if e.organization == org]
 
 
 # --- Location: the bucket -----------------------------------------------------------------
@@ -80,30 +117,45 @@ def credentials_for(spec: Mapping[str, Any]) -> dict[str, str] | None:
 
 
 @dataclass
-class StatusCreations:
+class RecordCreations:
     """The storage's write-ahead record of bucket creations (``o41.storage.Creations``),
-    kept in the Location's ``status.creatingBucket``: written before the create call, so a
-    restarted operator adopts the bucket an interrupted setup left unmarked."""
+    kept in the operator's record of the Location (never in status, which a user could
+    write to make the operator adopt someone else's unmarked bucket): written before the
+    create call, so a restarted operator adopts the bucket an interrupted setup left
+    unmarked."""
 
-    name: str
-    status: Mapping[str, Any]
+    current: LocationRecord
 
     def recorded(self, bucket: str) -> bool:
-        return self.status.get("creatingBucket") == bucket
+        return self.current.creating_bucket == bucket
 
     def record(self, bucket: str) -> None:
         if self.recorded(bucket):
             return
         try:
-            cluster().patch_status("locations", self.name, {"creatingBucket": bucket})
+            self.current = records().save(self.current.with_(creating_bucket=bucket))
         except Exception as e:  # the API server is away: create nothing it cannot record
             raise SetupFailed(
-                "StatusNotRecorded",
-                f"could not record in the Location's status that bucket {bucket!r} is being "
-                f"created ({type(e).__name__}); the bucket is not created until it can be.",
+                "RecordNotWritten",
+                f"could not record in the operator's record of the Location that bucket "
+                f"{bucket!r} is being created ({type(e).__name__}); the bucket is not "
+                f"created until it can be.",
                 retryable=True,
             ) from None
-        self.status = {**self.status, "creatingBucket": bucket}
+
+
+class RecordUnavailable(Exception):
+    """The operator's record could not be read or written; the setup is retried."""
+
+
+def _save(record: LocationRecord) -> LocationRecord:
+    try:
+        return records().save(record)
+    except Exception as e:
+        raise RecordUnavailable(
+            f"could not write the operator's record of location {record.location!r} "
+            f"({type(e).__name__}: {e})"
+        ) from None
 
 
 def _backoff(retry: int, retryable: bool) -> float:
@@ -128,31 +180,54 @@ def set_up_bucket(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """Create or adopt the bucket; on failure say why in status and retry with backoff."""
+    """Create or adopt the bucket; on failure say why in status and retry with backoff.
+
+    The outcome goes to the operator's record first, then to status (an output)."""
     generation = meta.get("generation")
-    ready_since = status.get("readySince")
+    try:
+        record = records().ensure(name, uid, status)
+    except Exception as e:  # the API server is away: nothing is decided without the record
+        message = f"could not read or create the operator's record ({type(e).__name__})"
+        logger.warning("%s; retrying", message)
+        raise kopf.TemporaryError(message, delay=_backoff(retry, retryable=True)) from None
+    creations = RecordCreations(record)
     try:
         ref = bucket_ref(name, uid, spec, credentials_for(spec))
-        ensured = open_bucket(ref).ensure(owner=uid, creations=StatusCreations(name, status))
+        ensured = open_bucket(ref).ensure(owner=uid, creations=creations)
     except (SetupFailed, SecretMissing) as e:
         reason, message = _why(e)
-        patch.status["unfinished"] = ready_since is None
+        delay = _backoff(retry, retryable=isinstance(e, SetupFailed) and e.retryable)
+        try:
+            record = _save(creations.current.with_(ready=False, failed=True))
+        except RecordUnavailable as unrecorded:
+            logger.warning("%s; retrying in %.0f s", unrecorded, delay)
+            raise kopf.TemporaryError(str(unrecorded), delay=delay) from None
+        patch.status["unfinished"] = record.unfinished
         patch.status["observedGeneration"] = generation
         _set_ready(patch, status, generation, ok=False, reason=reason, message=message)
         kopf.event(body, type="Warning", reason=reason, message=message)
-        delay = _backoff(retry, retryable=isinstance(e, SetupFailed) and e.retryable)
         logger.warning("bucket setup failed (%s), retrying in %.0f s: %s", reason, delay, message)
         raise kopf.TemporaryError(message, delay=delay) from None
 
+    done = creations.current.with_(
+        ready=True,
+        failed=False,
+        ready_since=creations.current.ready_since or now(),
+        creating_bucket=None,  # marked now: the write-ahead record has done its job
+    )
+    try:
+        record = _save(done)
+    except RecordUnavailable as e:  # not Ready until recorded: placement reads the record
+        logger.warning("%s; retrying", e)
+        raise kopf.TemporaryError(str(e), delay=_backoff(retry, retryable=True)) from None
     verb = "created" if ensured.created else "adopted"
     message = f"bucket {ref.bucket!r} {verb} in {spec['cloud']}/{spec['region']}"
     if not ensured.region_checked:
         message += " (this backend cannot confirm the region)"
     patch.status["bucket"] = ref.bucket
-    patch.status["creatingBucket"] = None  # marked now: the record has done its job
     patch.status["endpoint"] = ensured.endpoint
     patch.status["unfinished"] = False
-    patch.status["readySince"] = ready_since or now()
+    patch.status["readySince"] = record.ready_since
     patch.status["observedGeneration"] = generation
     became_ready = _set_ready(
         patch, status, generation, ok=True, reason="BucketReady", message=message
@@ -195,18 +270,28 @@ def check_bucket(
 ) -> None:
     """A bucket that was Ready can break later (deleted, credentials revoked): show it,
     and show it again when it recovers. Patches and Events only on a change."""
-    if not status.get("readySince"):
+    try:
+        record = records().restore(uid)  # a removed or edited record is put back
+    except Exception:  # the API server is away: go on with what this operator wrote
+        record = records().cached(uid)
+    if record is None or not record.ever_ready:
         return  # still being set up: set_up_bucket owns the condition
     generation = meta.get("generation")
+    ref = bucket_ref(name, uid, spec, credentials_for(spec))
     try:
-        open_bucket(bucket_ref(name, uid, spec, credentials_for(spec))).check()
+        open_bucket(ref).check()
     except (SetupFailed, SecretMissing) as e:
         reason, message = _why(e)
+        _save(record.with_(ready=False))  # no writes go there from now on
         if _set_ready(patch, status, generation, ok=False, reason=reason, message=message):
             kopf.event(body, type="Warning", reason=reason, message=message)
         return
-    if _ready_condition(status).get("status") != "True":
-        message = f"bucket {status.get('bucket')!r} is reachable again"
+    if not record.ready:
+        _save(record.with_(ready=True))
+    # Recovered: only a Ready condition this check (or a setup) turned False. With none yet,
+    # set_up_bucket's status patch is still on its way and owns the condition.
+    if _ready_condition(status).get("status") == "False":
+        message = f"bucket {ref.bucket!r} is reachable again"
         _set_ready(patch, status, generation, ok=True, reason="BucketReady", message=message)
         kopf.event(body, type="Normal", reason="BucketRecovered", message=message)
 
@@ -255,11 +340,20 @@ def _set_ready(
 
 @kopf.on.event(GROUP, VERSION, "locations")  # type: ignore[arg-type]  # indexes by name
 async def location_changed(
+    name: str,
+    uid: str,
+    type: str | None,
     spec: kopf.Spec,
+    status: kopf.Status,
     locations_by_name: kopf.Index[str, LocationEntry],
     organizations_by_name: kopf.Index[str, OrganizationEntry],
     **_: Any,
 ) -> None:
+    if type == "DELETED":
+        records().forget(uid)
+        versions.forget(name)
+    else:
+        versions.seen(name, status)
     org = spec.get("organization")
     if org:
         await reconcile_organization(org, locations_by_name, organizations_by_name)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from o41.core.organization import Effective, LocationFacts, Picks
+from o41.location_record import LocationRecord
 
 Body = Mapping[str, Any]
 
@@ -22,6 +23,7 @@ class LocationEntry:
     organization: str
     created: str  # creationTimestamp: orders "the first location added"
     facts: LocationFacts
+    uid: str = ""
     role: str = ""  # as its status shows it now
 
 
@@ -43,20 +45,39 @@ def condition_status(status: Body | None, kind: str = "Ready") -> str | None:
     return None
 
 
-def location_entry(name: str, meta: Body, spec: Body, status: Body | None) -> LocationEntry:
-    status = status or {}
-    facts = LocationFacts(
-        name=name,
-        cloud=str(spec.get("cloud", "")),
-        region=str(spec.get("region", "")),
-        retired=bool(spec.get("retired", False)),
-        ready=condition_status(status) == "True",
-        unfinished=bool(status.get("unfinished", False)),
+def recorded(facts: LocationFacts, record: LocationRecord | None) -> LocationFacts:
+    """The facts with what the operator's record says (never what status says, which users
+    with RBAC on locations/status can write). No record: neither Ready nor unfinished."""
+    return replace(
+        facts,
+        ready=record is not None and record.takes_writes,
+        unfinished=record is not None and record.unfinished,
+        ever_ready=record is not None and record.ever_ready,
     )
+
+
+def location_facts(name: str, spec: Body, record: LocationRecord | None) -> LocationFacts:
+    """What the rules know of a location: its spec, and the operator's record of it."""
+    return recorded(
+        LocationFacts(
+            name=name,
+            cloud=str(spec.get("cloud", "")),
+            region=str(spec.get("region", "")),
+            retired=bool(spec.get("retired", False)),
+        ),
+        record,
+    )
+
+
+def location_entry(name: str, meta: Body, spec: Body, status: Body | None) -> LocationEntry:
+    """The index's entry; its facts carry no record yet (``recorded`` adds it when the
+    rules run, so a record written since the last event counts)."""
+    status = status or {}
     return LocationEntry(
         organization=str(spec.get("organization", "")),
         created=str(meta.get("creationTimestamp")),
-        facts=facts,
+        facts=location_facts(name, spec, None),
+        uid=str(meta.get("uid", "")),
         role=str(status.get("role") or ""),
     )
 

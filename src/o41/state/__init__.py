@@ -86,8 +86,16 @@ class Store(Protocol):
     async def get(self, key: bytes, *, consistency: Consistency = "strong") -> KeyValue | None: ...
 
     async def range(
-        self, prefix: bytes, *, limit: int = 0, consistency: Consistency = "strong"
-    ) -> list[KeyValue]: ...
+        self,
+        prefix: bytes,
+        *,
+        limit: int = 0,
+        consistency: Consistency = "strong",
+        start: bytes = b"",
+    ) -> list[KeyValue]:
+        """The keys under ``prefix`` in key order, from ``start`` (a key under it) on when
+        given (a page after the last key of the previous: ``last + b"\0"``)."""
+        ...
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int: ...
 

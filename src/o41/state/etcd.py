@@ -374,10 +374,15 @@ class EtcdStore:
         return _kv(answer.kvs[0]) if answer.kvs else None
 
     async def range(
-        self, prefix: bytes, *, limit: int = 0, consistency: Consistency = "strong"
+        self,
+        prefix: bytes,
+        *,
+        limit: int = 0,
+        consistency: Consistency = "strong",
+        start: bytes = b"",
     ) -> list[KeyValue]:
         request = rpc.RangeRequest(
-            key=prefix,
+            key=max(prefix, start),
             range_end=prefix_end(prefix),
             limit=limit,
             serializable=consistency == "eventual",

@@ -60,17 +60,24 @@ class MemoryStore:
         return self._data.get(key)
 
     async def range(
-        self, prefix: bytes, *, limit: int = 0, consistency: Consistency = "strong"
+        self,
+        prefix: bytes,
+        *,
+        limit: int = 0,
+        consistency: Consistency = "strong",
+        start: bytes = b"",
     ) -> list[KeyValue]:
         self._check()
-        return self._range(prefix, True, limit)
+        return self._range(prefix, True, limit, start)
 
-    def _range(self, key: bytes, prefix: bool, limit: int = 0) -> list[KeyValue]:
+    def _range(
+        self, key: bytes, prefix: bool, limit: int = 0, start: bytes = b""
+    ) -> list[KeyValue]:
         if not prefix:
             kv = self._data.get(key)
             return [] if kv is None else [kv]
         end = prefix_end(key)
-        lo = bisect.bisect_left(self._keys, key)
+        lo = bisect.bisect_left(self._keys, max(key, start))
         hi = len(self._keys) if end == b"\0" else bisect.bisect_left(self._keys, end)
         if limit:
             hi = min(hi, lo + limit)

@@ -163,7 +163,7 @@ class ObjectStat:
 
 class Creations(Protocol):
     """A write-ahead record of bucket creations, kept outside the buckets (the operator
-    keeps it in the Location's status).
+    keeps it in its record of the Location, never in status: docs/operator.md).
 
     Where the owner mark is a second call after creating (S3-compatible stores, endpoints
     that drop labels), a crash in between leaves an unmarked bucket. ``ensure`` records a

@@ -13,7 +13,7 @@ import functools
 import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import botocore.session
 from botocore import exceptions as bex
@@ -114,7 +114,7 @@ def _client_for(
         Config(s3={"addressing_style": style, "us_east_1_regional_endpoint": "regional"})
     )
     with _session_lock:
-        return _session().create_client(
+        client = _session().create_client(
             "s3",
             region_name=region,
             endpoint_url=endpoint,
@@ -123,6 +123,18 @@ def _client_for(
             aws_session_token=token,
             config=config,
         )
+    if endpoint is not None:
+        client.meta.events.register("before-call.s3", _no_region_redirect)
+    return client
+
+
+def _no_region_redirect(context: dict[str, Any], **_: Any) -> None:
+    """botocore answers "wrong signing region" by signing again for the region the error
+    names, and succeeds. On AWS that only follows a bucket to its region (the region check
+    then reports it); on one fixed endpoint it hides that the endpoint wants another
+    signing region, while the URLs signed for pods (for ``signing_region``) all fail
+    there. So a client of an endpoint override takes the error as it is: RegionMismatch."""
+    context.setdefault("s3_redirect", {})["redirected"] = True
 
 
 def open_bucket(ref: BucketRef) -> S3Bucket:
@@ -219,15 +231,27 @@ class S3Bucket:
 
     def check(self) -> None:
         try:
-            self._client.head_bucket(Bucket=self.ref.bucket)
+            self._head()
         except Exception as e:
             self._raise(e, "checking", missing=_gone(self.ref))
+
+    def _head(self) -> None:
+        """HeadBucket. Its error answers have no body, so a 400 carries no error code (a
+        request signed for a region the endpoint does not serve answers that): then the
+        same question is asked once more as a ListObjectsV2 of no keys, whose error says."""
+        try:
+            self._client.head_bucket(Bucket=self.ref.bucket)
+        except bex.ClientError as e:
+            if _status(e) != 400 or _code(e) not in ("", "400", "BadRequest"):
+                raise
+            self._client.list_objects_v2(Bucket=self.ref.bucket, MaxKeys=0)
+            raise  # the second question passed: the first answer stands
 
     def _head_bucket(self) -> bool | None:
         """True: exists and readable; False: no such bucket; None: exists, not readable
         (someone else's, or our credentials may not read it: create_bucket tells which)."""
         try:
-            self._client.head_bucket(Bucket=self.ref.bucket)
+            self._head()
         except bex.ClientError as e:
             status = _status(e)
             if status == 404:
@@ -337,8 +361,10 @@ class S3Bucket:
         """Block public access; default encryption SSE-S3 unless the bucket has one.
 
         An adopted bucket keeps a default encryption it already has (it may be SSE-KMS by
-        choice). Only an S3-compatible store's "NotImplemented" answer is tolerated, as a
-        warning: AWS and moto implement both calls, so there a failure is an error.
+        choice). Only a "NotImplemented" answer from a store that is not AWS (an
+        S3-compatible endpoint, or an ``s3`` endpoint override outside amazonaws.com such as
+        the test bed's versitygw) is tolerated, as a warning: AWS implements both calls, so
+        there a failure is an error.
         """
         warnings: list[str] = []
         ref = self.ref
@@ -379,9 +405,20 @@ class S3Bucket:
 
     def _not_implemented(self, e: Exception) -> bool:
         return (
-            self.ref.kind == "s3_compatible"
+            not self._on_aws
             and isinstance(e, bex.ClientError)
             and (_code(e) in _NOT_IMPLEMENTED or _status(e) == 501)
+        )
+
+    @property
+    def _on_aws(self) -> bool:
+        """AWS itself: kind ``s3`` with no endpoint, or an override on AWS's own domains
+        (FIPS, dual-stack endpoints)."""
+        if self.ref.kind != "s3":
+            return False
+        host = (urlsplit(self.ref.endpoint).hostname or "") if self.ref.endpoint else ""
+        return not self.ref.endpoint or any(
+            host == d or host.endswith("." + d) for d in ("amazonaws.com", "amazonaws.com.cn")
         )
 
     # -------------------------------------------------------------------- transfers

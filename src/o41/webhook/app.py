@@ -36,6 +36,7 @@ class Settings:
     audiences: list[str] = field(default_factory=list)
     usage_interval: float = 5.0
     store_timeout: float = 5.0
+    metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
@@ -77,9 +78,10 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     api = kubernetes_client(settings)
     app[KUBE_API] = api
     app[placement.SECRETS] = Secrets(api, settings.secrets_namespace)
-    watcher = Watcher(api, app[placement.VIEW], asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    watcher = Watcher(api, app[placement.VIEW], loop, settings.secrets_namespace)
     watcher.start()
-    counts = VersionCounts(app[STORE], api, settings.usage_interval)
+    counts = VersionCounts(app[STORE], api, settings.secrets_namespace, settings.usage_interval)
     app[placement.COUNTS] = counts
     shower = asyncio.create_task(counts.run())
     yield
@@ -89,6 +91,17 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(Exception):
         await counts.flush()
     watcher.stop()
+
+
+async def metrics_listener(app: web.Application) -> AsyncIterator[None]:
+    """``/metrics`` on ``settings.metrics_address``, a port of its own (docs/chart.md)."""
+    address = app[SETTINGS].metrics_address
+    assert address is not None
+    runner = web.AppRunner(usage_page.metrics_app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, *address).start()
+    yield
+    await runner.cleanup()
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -115,7 +128,7 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app[SETTINGS] = settings
     app[placement.VIEW] = View()
     app[placement.BUCKETS] = {}
-    app[placement.LEASES] = {}
+    app[placement.LEASES] = placement.PendingLease()
     if reviewer is None:
         if settings.authentication == "none":
             reviewer = auth.NoAuthentication()
@@ -128,7 +141,9 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.add_routes(placement.routes)
-    usage_page.setup(app, reviewer)
+    usage_page.setup(app, reviewer, metrics=settings.metrics_address is None)
+    if settings.metrics_address is not None:
+        app.cleanup_ctx.append(metrics_listener)
     collections.setup(app)
     return app
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from o41.webhook.errors import problem
+
+log = logging.getLogger(__name__)
+RETRY_AFTER = 5  # seconds: what a caller is told to wait when its token cannot be checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,24 @@ class NoAuthentication:
         return self._caller
 
 
+async def review(reviewer: TokenReviewer, token: str) -> Caller | None:
+    """Who ``token`` is (None: refused). A TokenReview that cannot be made now (the
+    Kubernetes API away or failing) is a 503 with ``Retry-After``, never a 500 nor a
+    refusal: the token may well be good."""
+    try:
+        return await reviewer.review(token)
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        log.warning("a TokenReview failed: %s: %s", type(e).__name__, e)
+        raise problem(
+            503,
+            "the token could not be checked now: the Kubernetes API did not answer the "
+            f"TokenReview ({type(e).__name__}); try again in {RETRY_AFTER} s",
+            headers={"Retry-After": str(RETRY_AFTER)},
+        ) from None
+
+
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/metrics", "/usage"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -128,7 +150,7 @@ def middleware(reviewer: TokenReviewer, *, required: bool = True) -> Any:
                 "missing bearer token: send the pod's ServiceAccount token as "
                 "'Authorization: Bearer <token>'",
             )
-        found = await reviewer.review(token)
+        found = await review(reviewer, token)
         if found is None:
             raise problem(
                 401,

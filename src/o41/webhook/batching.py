@@ -2,6 +2,10 @@
 
 Under load many begins arrive together; one etcd transaction of N puts costs about what
 one put costs, and each caller still returns only after its record is committed.
+
+A put whose lease is gone (revoked or expired in etcd) fails the whole transaction; the
+batch is then split by lease, so only the callers of the lost lease see ``LeaseNotFound``
+(and can put again with a new one) while the others' records are committed.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from o41.state import Put, Store
+from o41.state import LeaseNotFound, Put, Store
 
 MAX_BATCH = 100  # etcd refuses transactions over 128 operations by default
 
@@ -36,15 +40,31 @@ class PutBatcher:
                 # reach the queue and share this transaction (no wait when idle)
                 await asyncio.sleep(0)
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-                try:
-                    result = await self.store.txn([], [put for put, _ in batch])
-                except Exception as e:  # every caller of the batch sees the failure
-                    for _, done in batch:
-                        if not done.done():
-                            done.set_exception(e)
-                    continue
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(result.revision)
+                await self._commit(batch)
         finally:
             self._flushing = False
+
+    async def _commit(self, batch: list[tuple[Put, asyncio.Future[int]]]) -> None:
+        """One transaction for ``batch``; each caller gets the revision or the failure."""
+        try:
+            result = await self.store.txn([], [put for put, _ in batch])
+        except LeaseNotFound as e:
+            leases = {put.lease for put, _ in batch}
+            if len(leases) == 1:
+                self._fail(batch, e)
+                return
+            for lease in leases:  # whose? each lease's puts on their own
+                await self._commit([item for item in batch if item[0].lease == lease])
+            return
+        except Exception as e:  # every caller of the batch sees the failure
+            self._fail(batch, e)
+            return
+        for _, done in batch:
+            if not done.done():
+                done.set_result(result.revision)
+
+    @staticmethod
+    def _fail(batch: list[tuple[Put, asyncio.Future[int]]], error: Exception) -> None:
+        for _, done in batch:
+            if not done.done():
+                done.set_exception(error)

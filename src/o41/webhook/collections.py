@@ -16,9 +16,14 @@ answer means the operation was not run, and the client sends it again on a new c
 The namespace is the authenticated caller's (its ServiceAccount token), never the
 request's: two namespaces with the same compute and collection names share nothing.
 
-Refusals: 400 bad name, key or argument; 409 a barrier's parties differ; 413 a value over
-the limit; 503 etcd cannot answer now (a write that failed this way may or may not have
-been applied) or too many eventual writes wait for etcd. Waits (barrier, lock) are bounded
+``GET /v1/collections/usage``: the caller's namespace's bytes and entries, counted now,
+and the limits (:mod:`o41.webhook.quota`).
+
+Refusals: 400 bad name, key or argument, or a body nested too deep; 409 a barrier's
+parties differ; 413 a value over the limit; 429 the namespace's quota (what to do) or the
+token's rate (with ``Retry-After``; over the WebSocket ``retry_after``); 503 etcd cannot
+answer now (a write that failed this way may or may not have been applied) or too many
+eventual writes wait for etcd. Waits (barrier, lock) are bounded
 per request (``max_wait``, 25 s); the client comes back for more.
 
 ``python -m o41.webhook.collections`` serves the collections alone (tests, benchmarks),
@@ -44,15 +49,18 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from o41.collections.checks import BadRequest, CollectionError, Unavailable
 from o41.collections.engine import Engine
+from o41.jsonlimits import TooDeep, check_depth
 from o41.state import EtcdTls, StoreUnavailable, open_store, store_settings
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
 from o41.webhook.keys import STORE
+from o41.webhook.quota import FREEING, LimitReached, Limits, Quota, cost, sent
 
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/collections/{compute}/{kind}/{name}/{op}"
 WS_ROUTE = "/v1/collections"
+USAGE_ROUTE = "/v1/collections/usage"
 RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's cache TTL)
 IDLE = 120.0  # seconds without a message before the service closes a WebSocket
 RECONNECT = 4000  # close code: the operation in flight, if any, was not run; send it again
@@ -61,21 +69,25 @@ MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to s
 
 @dataclass
 class Options:
-    """How eventual writes are buffered and how long a wait may last (see the engine)."""
+    """How eventual writes are buffered and how long a wait may last (see the engine), and
+    the limits per namespace and per token (:mod:`o41.webhook.quota`)."""
 
     flush_interval: float = 0.05
     max_batch: int = 100
     max_buffer: int = 10_000
     max_wait: float = 25.0
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
-    def from_environment(cls) -> Options:
+    def from_environment(cls, limits: Limits | None = None) -> Options:
+        """From the environment; ``limits``: the defaults of the limits' variables."""
         env = os.environ
         return cls(
             flush_interval=float(env.get("O41_COLLECTIONS_FLUSH_INTERVAL", cls.flush_interval)),
             max_batch=int(env.get("O41_COLLECTIONS_MAX_BATCH", cls.max_batch)),
             max_buffer=int(env.get("O41_COLLECTIONS_MAX_BUFFER", cls.max_buffer)),
             max_wait=float(env.get("O41_COLLECTIONS_MAX_WAIT", cls.max_wait)),
+            limits=Limits.from_environment(env, limits),
         )
 
 
@@ -86,6 +98,7 @@ class Collections:
 
     options: Options
     engine: Engine | None = field(default=None)
+    quota: Quota | None = field(default=None)
     sockets: dict[web.WebSocketResponse, float | None] = field(default_factory=dict)
     closing: bool = False
 
@@ -109,6 +122,7 @@ def setup(app: web.Application, options: Options | None = None) -> None:
     app[COLLECTIONS] = holder
     app.router.add_post(ROUTE, handle)
     app.router.add_get(WS_ROUTE, websocket)
+    app.router.add_get(USAGE_ROUTE, usage)
 
     async def shutdown(app: web.Application) -> None:
         """Idle WebSockets close now; busy ones right after their answer."""
@@ -133,9 +147,12 @@ def setup(app: web.Application, options: Options | None = None) -> None:
             max_buffer=o.max_buffer,
             max_wait=o.max_wait,
         )
-        sweeper = asyncio.get_running_loop().create_task(sweep())
+        holder.quota = Quota(app[STORE], o.limits)
+        loop = asyncio.get_running_loop()
+        sweeper, counter = loop.create_task(sweep()), loop.create_task(holder.quota.run())
         yield
         sweeper.cancel()
+        counter.cancel()
         await holder.engine.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -144,7 +161,10 @@ def setup(app: web.Application, options: Options | None = None) -> None:
 async def handle(request: web.Request) -> web.Response:
     body = await request.read()
     try:
+        check_depth(body, what="the body")
         args = json.loads(body) if body else {}
+    except TooDeep as e:
+        raise problem(400, str(e)) from None
     except (ValueError, UnicodeDecodeError):
         raise problem(400, "the body must be a JSON object of the operation's arguments") from None
     m = request.match_info
@@ -157,17 +177,31 @@ async def handle(request: web.Request) -> web.Response:
             m["name"],
             m["op"],
             args,
+            request.app[COLLECTIONS].quota,
+            request[auth.CREDENTIAL].token,
         )
+    except LimitReached as e:
+        retry = {} if e.retry_after is None else {"Retry-After": str(e.retry_after)}
+        raise problem(e.status, str(e), headers=retry) from None
     except CollectionError as e:
         raise problem(e.status, str(e)) from None
     return web.json_response(result)
 
 
 async def perform(
-    engine: Engine, namespace: str, compute: str, kind: str, name: str, op: str, args: object
+    engine: Engine,
+    namespace: str,
+    compute: str,
+    kind: str,
+    name: str,
+    op: str,
+    args: object,
+    quota: Quota | None = None,
+    token: str = "",
 ) -> dict[str, Any]:
-    """One operation of ``namespace``'s caller, as either route received it: its answer,
-    JSON-ready; a refusal raises :class:`CollectionError` with the status to answer."""
+    """One operation of ``namespace``'s caller (holding ``token``), as either route
+    received it: its answer, JSON-ready; a refusal raises :class:`CollectionError` with
+    the status to answer. ``quota``: the limits, checked in memory (no etcd round trip)."""
     if not isinstance(args, dict):
         raise BadRequest("the arguments must be a JSON object")
     if "value" in args:
@@ -175,6 +209,14 @@ async def perform(
             args["value"] = base64.b64decode(args["value"], validate=True)
         except (TypeError, ValueError, binascii.Error):
             raise BadRequest("value must be base64 text") from None
+    if quota is not None:
+        quota.take(token, sent(args))
+        more = cost(namespace, compute, kind, name, op, args)
+        if more:
+            if not quota.fits(namespace, more):
+                await quota.admit(namespace, more)
+        elif (kind, op) in FREEING:
+            quota.freed(namespace)
     try:
         result = await engine.call(namespace, compute, kind, name, op, args)
     except StoreUnavailable as e:
@@ -222,7 +264,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                     why, running = b"the token is no longer accepted: reconnect", False
                     break
                 checked = time.monotonic()
-            answer = await _answer(engine, who.namespace, message.data)
+            answer = await _answer(engine, who.namespace, message.data, holder.quota, credential)
             try:
                 await ws.send_str(answer)
             except ConnectionError:
@@ -249,10 +291,19 @@ async def _recheck(credential: auth.Credential) -> auth.Caller | None:
         return None
 
 
-async def _answer(engine: Engine, namespace: str, data: str) -> str:
+async def _answer(
+    engine: Engine,
+    namespace: str,
+    data: str,
+    quota: Quota | None = None,
+    credential: auth.Credential | None = None,
+) -> str:
     """The answer to one WebSocket message, refusals included (the socket stays open)."""
     try:
+        check_depth(data, what="the message")
         message = json.loads(data)
+    except TooDeep as e:
+        return _refusal(None, 400, str(e))
     except ValueError:
         message = None
     if not isinstance(message, dict):
@@ -262,7 +313,11 @@ async def _answer(engine: Engine, namespace: str, data: str) -> str:
     ident = message.get("id")
     try:
         compute, kind, name, op = (_text(message, f) for f in ("compute", "kind", "name", "op"))
-        result = await perform(engine, namespace, compute, kind, name, op, message.get("args", {}))
+        args = message.get("args", {})
+        token = "" if credential is None else credential.token
+        result = await perform(engine, namespace, compute, kind, name, op, args, quota, token)
+    except LimitReached as e:
+        return _refusal(ident, e.status, str(e), e.retry_after)
     except CollectionError as e:
         return _refusal(ident, e.status, str(e))
     except Exception:
@@ -271,8 +326,51 @@ async def _answer(engine: Engine, namespace: str, data: str) -> str:
     return json.dumps({"id": ident, "status": 200, "result": result})
 
 
-def _refusal(ident: object, status: int, error: str) -> str:
-    return json.dumps({"id": ident, "status": status, "error": error})
+def _refusal(ident: object, status: int, error: str, retry_after: int | None = None) -> str:
+    answer: dict[str, Any] = {"id": ident, "status": status, "error": error}
+    if retry_after is not None:
+        answer["retry_after"] = retry_after  # seconds, as the POST's Retry-After
+    return json.dumps(answer)
+
+
+async def usage(request: web.Request) -> web.Response:
+    """``GET /v1/collections/usage``: the caller's namespace's collections (keys and values
+    as etcd stores them), counted at most a second ago, with the limits that apply."""
+    holder = request.app[COLLECTIONS]
+    quota = holder.quota
+    if quota is None:
+        raise problem(503, "the collections are starting: try again")
+    namespace = auth.caller(request).namespace
+    try:
+        quota.take(request[auth.CREDENTIAL].token, 0)
+    except LimitReached as e:
+        retry = {} if e.retry_after is None else {"Retry-After": str(e.retry_after)}
+        raise problem(e.status, str(e), headers=retry) from None
+    found = quota.namespaces.get(namespace)
+    if found is None or found.counted_at is None or time.monotonic() - found.counted_at > 1:
+        found = await quota.count(namespace)  # at most one count a second: it reads it all
+    if found.counted_at is None or time.monotonic() - found.counted_at > quota.limits.recount:
+        raise problem(503, "the state store cannot answer now: try again")
+    limits = quota.limits
+    return web.json_response(
+        {
+            "namespace": namespace,
+            "bytes": found.bytes,
+            "entries": found.entries,
+            "counted": {  # the count alone; bytes and entries add this replica's writes since
+                "bytes": found.counted_bytes,
+                "entries": found.counted_entries,
+                "secondsAgo": round(time.monotonic() - found.counted_at, 3),
+            },
+            "limits": limits.public(),
+            "accuracy": (
+                "bytes and entries: keys and values as etcd stores them, counted at most 1 s "
+                "ago (plus this replica's writes since); the limits are checked per service "
+                f"replica against a count at most {limits.recount:g} s old plus that "
+                "replica's writes since"
+            ),
+        }
+    )
 
 
 def _text(message: dict[str, Any], what: str) -> str:
@@ -338,7 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    options = Options(args.flush_interval, args.max_batch, args.max_buffer)
+    # without authentication every client is one caller: no rate per token unless asked
+    no_rate = Limits(ops_per_second=0, bytes_per_second=0)
+    options = Options.from_environment(no_rate)
+    options.flush_interval, options.max_batch = args.flush_interval, args.max_batch
+    options.max_buffer = args.max_buffer
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
     except ValueError as e:

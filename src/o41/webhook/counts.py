@@ -1,8 +1,11 @@
 """How many committed versions each Location holds, shown in its status.
 
 Commits count in memory; every few seconds each replica adds its counts to the totals in
-the state store (compare-and-swap) and writes the fresh totals to the Locations' status.
-Replicas may write a total a moment apart; the next tick writes the newest again.
+the state store (compare-and-swap) and writes the fresh totals to one ConfigMap in the
+release namespace (``o41.location_record.COUNTS``), the only object the service may write
+in Kubernetes; the operator copies them into each Location's ``status.versions``. The
+service has no write on Location status at all. Totals only grow, so a replica never
+lowers one another replica wrote (compare-and-swap on the ConfigMap's resourceVersion).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from o41.location_record import COUNTS
 from o41.state import Compare, Put, Store, StoreUnavailable
 from o41.webhook.records import PREFIX
 
@@ -23,9 +27,11 @@ def count_key(location: str) -> bytes:
 
 
 class VersionCounts:
-    def __init__(self, store: Store, api: Any, interval: float = 5.0) -> None:
+    def __init__(self, store: Store, api: Any, namespace: str, interval: float = 5.0) -> None:
         self._store, self._api, self._interval = store, api, interval
+        self._namespace = namespace
         self._new: Counter[str] = Counter()
+        self._unshown: dict[str, int] = {}  # totals stored but not yet in the ConfigMap
 
     def committed(self, location: str) -> None:
         self._new[location] += 1
@@ -40,13 +46,19 @@ class VersionCounts:
 
     async def flush(self) -> None:
         new, self._new = self._new, Counter()
-        for location, n in new.items():
-            try:
-                total = await self._add(location, n)
-            except StoreUnavailable:
-                self._new[location] += n
-                raise
-            await asyncio.to_thread(self._show, location, total)
+        pending = Counter(new)
+        try:
+            for location, n in new.items():
+                self._unshown[location] = await self._add(location, n)
+                del pending[location]
+        finally:
+            self._new.update(pending)  # what the store has not taken: the next tick
+            if self._unshown:
+                shown = dict(self._unshown)
+                await asyncio.to_thread(self._show, shown)
+                for k, v in shown.items():
+                    if self._unshown.get(k) == v:
+                        del self._unshown[k]
 
     async def _add(self, location: str, n: int) -> int:
         key = count_key(location)
@@ -58,18 +70,46 @@ class VersionCounts:
                 return total
         raise StoreUnavailable(f"the count of {location} kept changing")
 
-    def _show(self, location: str, total: int) -> None:
+    def _show(self, totals: dict[str, int]) -> None:
+        """Raise the ConfigMap's totals to these (never lower one)."""
+        for _ in range(10):
+            if self._raise_once(totals):
+                return
+        raise RuntimeError(f"ConfigMap {COUNTS} kept changing; the next tick writes again")
+
+    def _raise_once(self, totals: dict[str, int]) -> bool:
+        """One compare-and-swap; False on a conflict (another replica wrote first)."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
+        core = client.CoreV1Api(self._api)
         try:
-            client.CustomObjectsApi(self._api).patch_cluster_custom_object_status(
-                "artifacts.o41.io",
-                "v1alpha1",
-                "locations",
-                location,
-                {"status": {"versions": total}},
-            )
+            found = core.read_namespaced_config_map(COUNTS, self._namespace)
         except ApiException as e:
             if e.status != 404:
                 raise
+            found = None
+        try:
+            if found is None:  # the chart makes it; a cluster without the chart may not
+                body = client.V1ConfigMap(
+                    metadata=client.V1ObjectMeta(
+                        name=COUNTS, labels={"app.kubernetes.io/part-of": "o41-artifacts"}
+                    ),
+                    data={k: str(v) for k, v in totals.items()},
+                )
+                core.create_namespaced_config_map(self._namespace, body)
+                return True
+            data = dict(found.data or {})
+            raised = {k: str(v) for k, v in totals.items() if v > _count(data.get(k))}
+            if raised:  # found carries its resourceVersion: a conflict, not a lost update
+                found.data = {**data, **raised}
+                core.replace_namespaced_config_map(COUNTS, self._namespace, found)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return False
+        return True
+
+
+def _count(raw: str | None) -> int:
+    return int(raw) if raw and raw.isdigit() else 0

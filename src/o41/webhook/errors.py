@@ -1,59 +1,87 @@
-"""Errors as JSON: every refusal says what was wrong and what to do; never a 500 for input."""
+"""Errors as JSON: every refusal says what was wrong and what to do; never a 500 for input.
+
+Every status keeps its own meaning: :func:`problem` answers with aiohttp's exception of
+that very status (found by its ``status_code``, whatever arguments its constructor wants),
+or one made for a status aiohttp has no class for; aiohttp's own errors keep their headers
+(a 405's ``Allow``) when the middleware rewrites them as JSON.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 log = logging.getLogger(__name__)
 
+
+def _subclasses(cls: type[web.HTTPException]) -> Iterator[type[web.HTTPException]]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+# aiohttp's classes by status: web.HTTPException's own subclasses, not ours or a library's
 _ERRORS: dict[int, type[web.HTTPException]] = {
-    400: web.HTTPBadRequest,
-    401: web.HTTPUnauthorized,
-    403: web.HTTPForbidden,
-    404: web.HTTPNotFound,
-    409: web.HTTPConflict,
-    413: web.HTTPRequestEntityTooLarge,
-    415: web.HTTPUnsupportedMediaType,
-    422: web.HTTPUnprocessableEntity,
-    429: web.HTTPTooManyRequests,
-    503: web.HTTPServiceUnavailable,
-    500: web.HTTPInternalServerError,
-    504: web.HTTPGatewayTimeout,
+    cls.status_code: cls
+    for cls in _subclasses(web.HTTPException)
+    if cls.__module__ == web.HTTPException.__module__ and cls.status_code >= 400
 }
 
 
-def problem(status: int, message: str, **extra: Any) -> web.HTTPException:
-    """An HTTP error with a JSON body ``{"error": message, ...}``, ready to raise."""
-    body = json.dumps({"error": message, **extra})
-    cls = _ERRORS.get(status, web.HTTPBadRequest)
-    if cls is web.HTTPRequestEntityTooLarge:
-        return web.HTTPRequestEntityTooLarge(
-            max_size=extra.get("max_size", 0),
-            actual_size=extra.get("actual_size", 0),
-            text=body,
-            content_type="application/json",
-        )
-    return cls(text=body, content_type="application/json")
+def _class_for(status: int) -> type[web.HTTPException]:
+    cls = _ERRORS.get(status)
+    if cls is None:  # a status aiohttp names no class for: one of its own
+        base = web.HTTPClientError if status < 500 else web.HTTPServerError
+        cls = _ERRORS[status] = type(f"HTTP{status}", (base,), {"status_code": status})
+    return cls
+
+
+def problem(
+    status: int, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+) -> web.HTTPException:
+    """An HTTP error of ``status`` with a JSON body ``{"error": message, ...}`` and
+    ``headers`` (``Retry-After``, ``Allow``), ready to raise."""
+    if not 400 <= status <= 599:
+        raise ValueError(f"not an error status: {status}")
+    cls = _class_for(status)
+    # past the constructors that want more (a 405's method, a 413's sizes): the base's,
+    # which takes its status from the class
+    error = cls.__new__(cls)
+    web.HTTPException.__init__(
+        error,
+        headers=dict(headers or {}),
+        text=json.dumps({"error": message, **extra}),
+        content_type="application/json",
+    )
+    return error
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_KEPT = frozenset(h.lower() for h in (hdrs.ALLOW, hdrs.RETRY_AFTER, hdrs.WWW_AUTHENTICATE))
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own errors (404, 405, 413) as JSON too; a bug is a logged 500, with no
-    traceback in the answer."""
+    """aiohttp's own errors (404, 405, 413) as JSON too, with their status and headers; a
+    bug is a logged 500, with no traceback in the answer."""
     try:
         return await handler(request)
     except web.HTTPException as e:
         if e.content_type == "application/json" or e.status < 400:
             raise
-        raise problem(e.status, e.reason if e.text is None else e.text.strip()) from None
+        if isinstance(e, web.HTTPMethodNotAllowed):
+            message = (
+                f"{e.method} is not allowed on {request.path}: use "
+                f"{', '.join(sorted(e.allowed_methods))}"
+            )
+        else:
+            message = e.reason if e.text is None else e.text.strip()
+        kept = {k: v for k, v in e.headers.items() if k.lower() in _KEPT}
+        raise problem(e.status, message, headers=kept) from None
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         raise problem(500, "internal error; it has been logged") from None

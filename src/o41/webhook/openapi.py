@@ -1,94 +1,367 @@
-"""The service's OpenAPI document, built from the same request models it validates with."""
+"""The service's OpenAPI document: every route, its bodies and its answers.
+
+Request schemas come from the very models the views validate with; answers from the
+models below, which exist for this document only. The suite checks the document with an
+OpenAPI validator and fuzzes the running service against it (schemathesis), so a view
+whose answer drifts from its schema fails a test.
+"""
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
 from o41.webhook.placement import BeginIn, CommitIn
 
-_ERROR = {
-    "description": "refused: the body says what was wrong and what to do",
-    "content": {
-        "application/json": {
-            "schema": {"type": "object", "properties": {"error": {"type": "string"}}}
-        }
-    },
-}
+REF = "#/components/schemas/{model}"
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": schema}}}
+class Out(BaseModel):
+    """An answer: more fields may come in later versions, so clients ignore the unknown."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Error(Out):
+    error: str = Field(description="What was wrong and what to do.")
+
+
+class Signed(Out):
+    """A pre-signed request: send it as it is, with these headers."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+
+
+class Multipart(Out):
+    part_size: int = Field(alias="partSize")
+    parts: list[Signed]
+
+
+class Upload(Out):
+    """Exactly one of ``single`` (one PUT) or ``multipart`` (one PUT per part)."""
+
+    single: Signed | None = None
+    multipart: Multipart | None = None
+
+
+class BeginOut(Out):
+    version: str
+    location: str
+    cloud: str
+    region: str
+    rule: Literal["region", "cloud", "fallback"]
+    warning: str | None
+    upload: Upload
+    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
+
+
+class CommitOut(Out):
+    version: str
+    location: str
+    size: int
+    md5: str | None
+
+
+class ReadOut(Out):
+    version: str
+    location: str
+    cloud: str
+    region: str
+    locality: Literal["local", "cross-region", "cross-cloud"]
+    size: int
+    md5: str | None
+    download: Signed
+
+
+class UsageRecord(Out):
+    kind: str
+    hour: str
+    dims: dict[str, str]
+    counts: dict[str, int]
+
+
+class UsageOut(Out):
+    """Both answers of the usage page, and the raw counters of the window."""
+
+    organization: str
+    records: list[UsageRecord]
+
+
+class CollectionOut(Out):
+    """The operation's result: its fields depend on the operation (see docs/collections.md)."""
+
+
+class CollectionsUsage(Out):
+    """The caller's namespace's collections against its limits."""
+
+    namespace: str
+    bytes: int
+    entries: int
+    limits: dict[str, int]
+
+
+class Health(Out):
+    status: str
+
+
+_MODELS: list[type[BaseModel]] = [
+    BeginIn,
+    CommitIn,
+    Error,
+    BeginOut,
+    CommitOut,
+    ReadOut,
+    UsageOut,
+    CollectionOut,
+    CollectionsUsage,
+    Health,
+]
+
+COLLECTION_KINDS = ("dict", "set", "registry", "counter", "queue", "barrier", "lock")
+ERRORS = (400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 503)
+HTML_ANSWERS = (
+    (200, "the page"),
+    (400, "a wrong window"),
+    (401, "the sign-in form: no token, or one not accepted"),
+    (403, "the namespace may not use the organization, or a form from elsewhere"),
+    (404, "no such organization"),
+    (405, "a wrong method"),
+    (503, "the state store is unavailable"),
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _refused() -> dict[str, Any]:
+    return _json(_ref(Error), "refused: the body says what was wrong and what to do")
+
+
+def _answers(code: int, model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {str(code): _json(_ref(model), description), **{str(c): _refused() for c in ERRORS}}
+
+
+def _path(*names: str) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        for n in names
+    ]
+
+
+def _query(*names: str, required: bool = False) -> list[dict[str, Any]]:
+    return [
+        {"name": n, "in": "query", "required": required, "schema": {"type": "string"}}
+        for n in names
+    ]
+
+
+def _collection_args() -> dict[str, Any]:
+    """The union of every operation's arguments; which apply depends on the operation."""
+    return {
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "description": "A key in its canonical text."},
+            "value": {"type": "string", "contentEncoding": "base64"},
+            "consistency": {"enum": ["strong", "eventual"]},
+            "n": {"type": "integer", "description": "A counter's increment."},
+            "parties": {"type": "integer", "minimum": 1},
+            "participant": {"type": "string"},
+            "owner": {"type": "string"},
+            "ttl": {"type": "integer", "minimum": 1},
+            "timeout": {"type": "number", "minimum": 0},
+            "final": {"type": "boolean"},
+        },
+    }
 
 
 @cache
 def document() -> dict[str, Any]:
-    errors = {str(c): _ERROR for c in (400, 401, 403, 404, 409, 413, 415, 503)}
-    place_query = [
-        {"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
-        for n in ("cloud", "region", "source")
-    ]
+    _, defs = models_json_schema(
+        [(m, "validation") for m in _MODELS], ref_template=REF, by_alias=True
+    )
+    plain: list[dict[str, list[str]]] = []  # no authentication
     return {
         "openapi": "3.1.0",
         "info": {"title": "O41 Artifacts placement service", "version": __version__},
         "components": {
-            "securitySchemes": {"pod": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Begin": BeginIn.model_json_schema(ref_template="#/components/schemas/{model}"),
-                "Commit": CommitIn.model_json_schema(ref_template="#/components/schemas/{model}"),
+            "securitySchemes": {
+                "pod": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The pod's ServiceAccount token (checked by TokenReview).",
+                }
             },
+            "schemas": defs["$defs"],
         },
         "security": [{"pod": []}],
         "paths": {
             "/v1/writes": {
                 "post": {
+                    "operationId": "begin",
                     "summary": "Begin a write: choose the location, get pre-signed uploads",
-                    "requestBody": _json({"$ref": "#/components/schemas/Begin"}),
-                    "responses": {"201": {"description": "the version and its uploads"}, **errors},
+                    "requestBody": _body(BeginIn),
+                    "responses": _answers(201, BeginOut, "the version and its uploads"),
                 }
             },
             "/v1/writes/{version}/commit": {
                 "post": {
+                    "operationId": "commit",
                     "summary": "Commit a write once the bucket holds it",
-                    "parameters": [
-                        {
-                            "name": "version",
-                            "in": "path",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                    "requestBody": _json({"$ref": "#/components/schemas/Commit"}),
-                    "responses": {"200": {"description": "committed"}, **errors},
+                    "parameters": _path("version"),
+                    "requestBody": _body(CommitIn),
+                    "responses": _answers(200, CommitOut, "committed"),
                 }
             },
             "/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}": {
                 "get": {
-                    "summary": "Read a version: where it lives, locality, a download",
-                    "parameters": [
-                        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
-                        for n in ("organization", "artifact", "version")
-                    ]
-                    + place_query,
-                    "responses": {"200": {"description": "the version"}, **errors},
+                    "operationId": "read",
+                    "summary": "Read a version: where it lives, its locality, a download",
+                    "parameters": _path("organization", "artifact", "version")
+                    + _query("cloud", "region", "source"),
+                    "responses": _answers(200, ReadOut, "the version"),
                 }
             },
             "/v1/usage": {
                 "get": {
-                    "summary": "Usage counters of one organization",
-                    "parameters": [
-                        {
-                            "name": "organization",
-                            "in": "query",
-                            "required": True,
-                            "schema": {"type": "string"},
-                        }
-                    ],
-                    "responses": {"200": {"description": "counter records"}, **errors},
+                    "operationId": "usage",
+                    "summary": "Usage of one organization: both answers and the counters",
+                    "parameters": _query("organization", required=True) + _query("window"),
+                    "responses": _answers(200, UsageOut, "the usage of the window"),
                 }
             },
-            "/healthz": {"get": {"security": [], "responses": {"200": {"description": "up"}}}},
-            "/readyz": {"get": {"security": [], "responses": {"200": {"description": "ready"}}}},
+            "/v1/collections/{compute}/{kind}/{name}/{op}": {
+                "post": {
+                    "operationId": "collection",
+                    "summary": "One operation on a distributed collection of the caller's "
+                    "namespace (the same operations go over the WebSocket at /v1/collections)",
+                    "parameters": [
+                        *_path("compute"),
+                        {
+                            "name": "kind",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"enum": list(COLLECTION_KINDS)},
+                        },
+                        *_path("name", "op"),
+                    ],
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": _collection_args()}},
+                    },
+                    "responses": _answers(200, CollectionOut, "the operation's result"),
+                }
+            },
+            "/v1/collections/usage": {
+                "get": {
+                    "operationId": "collectionsUsage",
+                    "summary": "The bytes and entries the caller's namespace keeps in "
+                    "collections, and its limits",
+                    "responses": _answers(200, CollectionsUsage, "the namespace's usage"),
+                }
+            },
+            "/v1/collections": {
+                "get": {
+                    "operationId": "collectionsSocket",
+                    "summary": "The collections' WebSocket: send 'Upgrade: websocket', then one "
+                    "JSON text message per operation (see docs/collections.md)",
+                    "responses": {
+                        "101": {"description": "switching to the WebSocket"},
+                        **{str(c): _refused() for c in ERRORS},
+                    },
+                }
+            },
+            "/usage": {
+                "get": {
+                    "operationId": "usagePage",
+                    "summary": "The usage page (HTML): the sign-in form, the organization "
+                    "list, or one organization's page",
+                    "security": plain,
+                    "parameters": _query("organization", "window"),
+                    "responses": {
+                        str(c): {"description": why, "content": {"text/html": {}}}
+                        for c, why in HTML_ANSWERS
+                    },
+                },
+                "post": {
+                    "operationId": "usageSignIn",
+                    "summary": "Sign in to the usage page with a pasted token (a form)",
+                    "security": plain,
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/x-www-form-urlencoded": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        k: {"type": "string"}
+                                        for k in ("token", "organization", "window", "signout")
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "303": {"description": "signed in (or out): on to the page"},
+                        **{
+                            str(c): {"description": why, "content": {"text/html": {}}}
+                            for c, why in HTML_ANSWERS
+                            if c != 200
+                        },
+                    },
+                },
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "healthz",
+                    "security": plain,
+                    "responses": {"200": _json(_ref(Health), "up")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "operationId": "readyz",
+                    "security": plain,
+                    "responses": {
+                        "200": _json(_ref(Health), "ready"),
+                        "503": _json(_ref(Error), "the view of the cluster is still loading"),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "security": plain,
+                    "responses": {"200": _json({"type": "object"}, "this document")},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics; they name organizations, so keep the port "
+                    "behind the chart's NetworkPolicy",
+                    "security": plain,
+                    "responses": {
+                        "200": {
+                            "description": "the Prometheus text format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
         },
     }

@@ -7,6 +7,7 @@ in-memory view of the cluster, signs URLs for the chosen bucket and keeps the re
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -27,8 +28,9 @@ from o41.core.parts import (
 )
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import Place, locality
+from o41.jsonlimits import TooDeep, check_depth
 from o41.locations import bucket_ref
-from o41.state import Compare, Delete, Put, StoreUnavailable
+from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.storage import Bucket, SignedRequest, StorageError, open_bucket
 from o41.webhook.auth import caller
 from o41.webhook.batching import PutBatcher
@@ -39,11 +41,44 @@ from o41.webhook.records import Pending, Version, new_version, pending_key, vers
 from o41.webhook.usage import Usage
 from o41.webhook.view import LocationView, OrganizationView, Secrets, View
 
+log = logging.getLogger(__name__)
+
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
 UPLOAD_EXPIRES = 3600
 DOWNLOAD_EXPIRES = 900
 PENDING_TTL = UPLOAD_EXPIRES + 600  # a write never committed expires with its lease
+
+
+class PendingLease:
+    """The lease of one minute of pending records, shared by that minute's begins: expiry
+    is what matters, and a lease grant is a round trip to the store. It is the service's
+    own: no client ever learns or names it (issue 14: a lease id that reached a client was
+    revoked by another namespace)."""
+
+    def __init__(self) -> None:
+        self.minute, self.lease = -1, 0
+        self._granting = asyncio.Lock()
+
+    async def current(self, store: Store) -> int:
+        minute = int(time.time() // 60)
+        if minute == self.minute and self.lease:
+            return self.lease
+        return await self._replace(store, minute, self.lease)
+
+    async def renew(self, store: Store, lost: int) -> int:
+        """A new lease in place of ``lost`` (revoked or expired in etcd under the
+        service); the begins that saw the same loss share one grant."""
+        return await self._replace(store, int(time.time() // 60), lost)
+
+    async def _replace(self, store: Store, minute: int, stale: int) -> int:
+        async with self._granting:
+            if minute == self.minute and self.lease and self.lease != stale:
+                return self.lease  # replaced while this begin waited
+            lease = await store.lease_grant(PENDING_TTL + 60)
+            self.minute, self.lease = minute, lease
+            return lease
+
 
 VIEW: web.AppKey[View] = web.AppKey("view", View)
 SECRETS: web.AppKey[Secrets] = web.AppKey("secrets", Secrets)
@@ -51,7 +86,7 @@ USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
 BUCKETS: web.AppKey[dict[str, tuple[Mapping[str, Any], Mapping[str, str] | None, Bucket]]] = (
     web.AppKey("buckets", dict)
 )
-LEASES: web.AppKey[dict[int, int]] = web.AppKey("leases", dict)
+LEASES: web.AppKey[PendingLease] = web.AppKey("leases", PendingLease)
 BATCHER: web.AppKey[PutBatcher] = web.AppKey("batcher", PutBatcher)
 COUNTS: web.AppKey[VersionCounts] = web.AppKey("counts", VersionCounts)
 
@@ -59,7 +94,10 @@ routes = web.RouteTableDef()
 
 
 class Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict: JSON types as declared (``size: "5"`` or ``size: true`` is refused, not
+    converted), so a client's mistake is named instead of guessed at."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PlaceIn(Model):
@@ -90,7 +128,10 @@ async def parse(request: web.Request, model: type[Model]) -> Any:
         raise problem(415, "send a JSON body with Content-Type: application/json")
     try:
         raw = await request.read()
+        check_depth(raw, what="the body")
         return model.model_validate_json(raw)
+    except TooDeep as e:
+        raise problem(400, f"invalid request: {e}") from None
     except ValidationError as e:
         fields = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
@@ -134,17 +175,23 @@ async def bucket_for(request: web.Request, location: LocationView) -> Bucket:
     return bucket
 
 
-async def pending_lease(request: web.Request) -> int:
-    """One lease per minute of begins, not one per begin: expiry is what matters, and a
-    lease grant is a round trip to the store."""
-    leases = request.app[LEASES]
-    minute = int(time.time() // 60)
-    lease = leases.get(minute)
-    if lease is None:
-        lease = await request.app[STORE].lease_grant(PENDING_TTL + 60)
-        leases.clear()
-        leases[minute] = lease
-    return lease
+async def put_pending(request: web.Request, version: str, record: bytes) -> None:
+    """Store a pending record under this minute's lease. A lease lost under the service
+    (revoked or expired in etcd) is replaced once: begins never fail for it."""
+    store, leases, batcher = request.app[STORE], request.app[LEASES], request.app[BATCHER]
+    lease = await leases.current(store)
+    try:
+        await batcher.put(pending_key(version), record, lease=lease)
+    except LeaseNotFound:
+        log.warning("the lease of pending writes %x was gone from etcd; granting another", lease)
+    else:
+        return
+    try:
+        await batcher.put(pending_key(version), record, lease=await leases.renew(store, lease))
+    except LeaseNotFound:
+        raise problem(
+            503, "the state store lost the lease of pending writes twice in a row; retry"
+        ) from None
 
 
 def storage_failed(location: str, e: StorageError) -> web.HTTPException:
@@ -260,8 +307,7 @@ async def begin(request: web.Request) -> web.Response:
         crc32=body.crc32,
     )
     try:
-        lease = await pending_lease(request)
-        await request.app[BATCHER].put(pending_key(version), pending.dump(), lease=lease)
+        await put_pending(request, version, pending.dump())
     except StoreUnavailable as e:
         raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
     request.app[USAGE].add(
@@ -378,30 +424,32 @@ async def commit(request: web.Request) -> web.Response:
         committed=time.time(),
     )
     vkey = version_key(pending.organization, pending.artifact, version)
-    result = await store.txn(
-        [Compare(pending_key(version), "mod", "==", found.mod_revision)],
-        [Delete(pending_key(version)), Put(vkey, record.dump())],
-    )
-    if not result.succeeded:
-        if await store.get(vkey) is None:
+    try:
+        result = await store.txn(
+            [Compare(pending_key(version), "mod", "==", found.mod_revision)],
+            [Delete(pending_key(version)), Put(vkey, record.dump())],
+        )
+        if not result.succeeded and await store.get(vkey) is None:
             raise problem(409, f"write {version!r} changed while committing; commit again")
-    else:
+    except StoreUnavailable as e:
+        raise problem(503, f"the state store is unavailable ({e}); retry shortly") from None
+    if result.succeeded:  # only the commit that made the version counts it (not replays)
         request.app[COUNTS].committed(location.name)
-    request.app[USAGE].add(
-        pending.organization,
-        "write",
-        {
-            "cloud": pending.cloud,
-            "region": pending.region,
-            "source": pending.source,
-            "rule": pending.rule,
-            "location": location.name,
-            "locationCloud": location.cloud,
-            "locationRegion": location.region,
-        },
-        versions=1,
-        bytes=stat.size,
-    )
+        request.app[USAGE].add(
+            pending.organization,
+            "write",
+            {
+                "cloud": pending.cloud,
+                "region": pending.region,
+                "source": pending.source,
+                "rule": pending.rule,
+                "location": location.name,
+                "locationCloud": location.cloud,
+                "locationRegion": location.region,
+            },
+            versions=1,
+            bytes=stat.size,
+        )
     return web.json_response(
         {"version": version, "location": location.name, "size": stat.size, "md5": record.md5}
     )

@@ -67,16 +67,29 @@ RULE_COLORS = {"region": "#2e7d32", "cloud": "#f9a825", "fallback": "#c62828"}
 OTHER_COLOR = "#757575"
 
 routes = web.RouteTableDef()
+metrics_routes = web.RouteTableDef()
 
 
-def setup(app: web.Application, reviewer: auth.TokenReviewer) -> None:
+def setup(app: web.Application, reviewer: auth.TokenReviewer, *, metrics: bool = True) -> None:
     """Register the routes; the page checks tokens with the app's own ``reviewer``.
+    ``metrics``: ``/metrics`` too (false: it is served on a port of its own, see
+    :func:`metrics_app`).
 
     Reads the price table now, so a broken ``O41_PRICES_FILE`` stops the service at start.
     """
     app[PRICES] = load_prices()
     app[REVIEWER] = reviewer
     app.add_routes(routes)
+    if metrics:
+        app.add_routes(metrics_routes)
+
+
+def metrics_app() -> web.Application:
+    """``/metrics`` alone, for a port of its own: the counters name every organization, and
+    a NetworkPolicy can keep a port, not a path, to the scrapers."""
+    app = web.Application()
+    app.add_routes(metrics_routes)
+    return app
 
 
 # --- the answers ----------------------------------------------------------------------
@@ -138,7 +151,7 @@ async def usage_json(request: web.Request) -> web.Response:
     )
 
 
-@routes.get("/metrics")
+@metrics_routes.get("/metrics")
 async def metrics_text(request: web.Request) -> web.Response:
     """This replica's usage counters in the Prometheus text format."""
     body = generate_latest(metrics.METRICS.registry)
@@ -162,7 +175,7 @@ async def _caller(request: web.Request, token: str) -> auth.Caller | None:
     reviewer = request.app[REVIEWER]
     if not token and not isinstance(reviewer, auth.NoAuthentication):
         return None
-    return await reviewer.review(token)
+    return await auth.review(reviewer, token)
 
 
 def _token(request: web.Request) -> str:
@@ -201,7 +214,10 @@ async def sign_in_post(request: web.Request) -> web.Response:
     origin = request.headers.get("Origin")
     if origin is not None and origin != f"{request.scheme}://{request.host}":
         return _html(error_page(403, "this form is accepted from the usage page only"), 403)
-    form = await request.post()
+    try:
+        form = await request.post()
+    except ValueError:  # no boundary, a broken multipart body, bytes that are not UTF-8
+        return _html(error_page(400, "send the sign-in form as the usage page does"), 400)
     query = {k: str(form[k]) for k in ("organization", "window") if form.get(k)}
     target = "/usage" + (f"?{urlencode(query)}" if query else "")
     if form.get("signout"):
