@@ -126,19 +126,37 @@ def snapshot() -> dict[str, Any]:
     }
 
 
-def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+# Others on the machine (podman and buildah building images, meanwhile) make mounts and
+# cgroups of their own: only those a node could have made count as its leftovers.
+NODE_CGROUPS = ("kubepods", "o41-node")
+
+
+def diff(
+    before: Mapping[str, Any], after: Mapping[str, Any], mount_roots: tuple[str, ...] = ()
+) -> list[str]:
     """What ``after`` has that ``before`` had not, one line each; empty: nothing was left.
 
     iptables rules are compared both ways (a rule that went is as wrong as one that stayed);
-    links, mounts and cgroups by what was added (others' may come and go meanwhile)."""
+    links, nft, mounts and cgroups by what was added (others' may come and go meanwhile):
+    mounts at or below ``mount_roots`` and the system paths a node writes to, cgroups of
+    the names in ``NODE_CGROUPS``."""
     lines: list[str] = []
     for family in ("iptables", "ip6tables"):
         for table in sorted(set(before[family]) | set(after[family])):
             old, new = before[family].get(table, []), after[family].get(table, [])
             lines += [f"{family} -t {table}: added {r}" for r in new if r not in old]
             lines += [f"{family} -t {table}: removed {r}" for r in old if r not in new]
+    roots = (*mount_roots, *PATHS)
+
+    def ours(key: str, item: str) -> bool:
+        if key == "mounts":
+            return any(item == r or item.startswith(r.rstrip("/") + "/") for r in roots)
+        if key == "cgroups":
+            return item.split("/", 1)[1].startswith(NODE_CGROUPS)
+        return True
+
     for key in ("nft", "links", "mounts", "cgroups"):
-        lines += [f"{key}: added {x}" for x in after[key] if x not in before[key]]
+        lines += [f"{key}: added {x}" for x in after[key] if x not in before[key] and ours(key, x)]
     for group in ("sysctls", "paths"):
         for name, value in before[group].items():
             if after[group].get(name) != value:

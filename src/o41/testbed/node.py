@@ -768,7 +768,7 @@ def cleanup() -> list[str]:
     host.remove_new_entries(before["paths"], host.PATHS)
     for big in ("containerd", "kubelet", "volumes"):
         shutil.rmtree(directory / big, ignore_errors=True)
-    left = host.diff(before, host.snapshot())
+    left = host.diff(before, host.snapshot(), mount_roots=(str(directory),))
     left += [f"still mounted: {p}" for p in stuck]
     left += [f"still running: containerd shim pid {pid}" for pid in shims(socket)]
     if not left:
