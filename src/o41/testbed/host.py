@@ -59,8 +59,8 @@ PATHS = (
     "/etc/kubernetes",
     "/var/lib/containerd",
     "/usr/libexec/kubernetes",
-    "/run/runc",
-)
+)  # not /run/runc: the node's runc keeps its state below the node's directory, and
+# podman/buildah (other sessions' image builds) use that one meanwhile
 
 _COUNTERS = re.compile(r" \[\d+:\d+\]$")
 
@@ -157,10 +157,17 @@ def diff(
 
     for key in ("nft", "links", "mounts", "cgroups"):
         lines += [f"{key}: added {x}" for x in after[key] if x not in before[key] and ours(key, x)]
-    for group in ("sysctls", "paths"):
-        for name, value in before[group].items():
-            if after[group].get(name) != value:
-                lines.append(f"{group}: {name} was {value!r}, is {after[group].get(name)!r}")
+    for name, value in before["sysctls"].items():
+        if after["sysctls"].get(name) != value:
+            lines.append(f"sysctls: {name} was {value!r}, is {after['sysctls'].get(name)!r}")
+    for path, old_entries in before["paths"].items():
+        new_entries = after["paths"].get(path)
+        if new_entries is None:
+            continue  # gone, or never there: nothing left
+        if old_entries is None:
+            lines.append(f"paths: {path} was made")
+        else:
+            lines += [f"paths: added {path}/{e}" for e in new_entries if e not in old_entries]
     return lines
 
 
