@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 import pytest
 
 from o41.location_record import COUNTS, LocationRecord, parse, record_name
+from o41.locations import read_location
 from o41.testbed.kube import kubectl_binary
 from o41.testbed.process import free_port
 from o41.testbed.product import NAMESPACE
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import S3Store
-from o41.webhook.view import View, location_view, organization_source
+from o41.webhook.view import View, organization_source
 
 from fixtures.kube import Kube
 from fixtures.operator import Operator
@@ -494,7 +495,7 @@ def test_version_counts_reach_status_without_the_service_writing_status(
 def location_obj(name: str, org: str, uid: str, created: str, **status: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "uid": uid, "creationTimestamp": created},
-        "spec": {"organization": org, "cloud": "aws", "region": "us-east-1"},
+        "spec": {"organization": org, "cloud": "aws", "region": "us-east-1", "backend": {"s3": {}}},
         "status": status,
     }
 
@@ -508,20 +509,20 @@ FORGED_READY = {
 
 def test_the_view_takes_writability_from_the_record_alone() -> None:
     obj = location_obj("a", "ml", "uid-a", "2026-01-01T00:00:00Z", **FORGED_READY)
-    assert not location_view(obj).writable  # no record: no writes, whatever status says
+    assert not read_location(obj).writable  # no record: no writes, whatever status says
     failed = LocationRecord("uid-a", "a", failed=True)
-    assert not location_view(obj, failed).writable
-    assert location_view(obj, failed).unfinished
+    assert not read_location(obj, failed).writable
+    assert read_location(obj, failed).unfinished
     ready = LocationRecord("uid-a", "a", ready=True, ready_since="2026-01-01T00:00:00Z")
-    assert location_view(obj, ready).writable
+    assert read_location(obj, ready).writable
     # Ready now but never recorded as Ready since: not a state the operator writes
-    assert not location_view(obj, LocationRecord("uid-a", "a", ready=True)).writable
+    assert not read_location(obj, LocationRecord("uid-a", "a", ready=True)).writable
 
 
 def test_the_view_computes_the_fallback_and_never_takes_another_organizations() -> None:
     view = View()
-    view.put_location(location_view(location_obj("mine", "ml", "u1", "2026-01-02T00:00:00Z")))
-    view.put_location(location_view(location_obj("theirs", "other", "u2", "2026-01-01T00:00:00Z")))
+    view.put_location(read_location(location_obj("mine", "ml", "u1", "2026-01-02T00:00:00Z")))
+    view.put_location(read_location(location_obj("theirs", "other", "u2", "2026-01-01T00:00:00Z")))
     forged = {
         "metadata": {"name": "ml"},
         "spec": {"namespaces": ["team"]},

@@ -6,14 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from o41.core.placement import Candidate, PlacementRefused, Rule, place_write
+from o41.core.organization import LocationFacts
+from o41.core.placement import PlacementRefused, Rule, place_write
 from o41.core.places import Locality, Place, locality
 
 LOCATIONS = [
-    Candidate("aws-east", "aws", "us-east-1", writable=True),
-    Candidate("aws-west", "aws", "us-west-2", writable=True),
-    Candidate("gcp-central", "gcp", "us-central1", writable=True),
-    Candidate("nebius-north", "nebius", "eu-north1", writable=True),
+    LocationFacts("aws-east", "aws", "us-east-1", ready=True),
+    LocationFacts("aws-west", "aws", "us-west-2", ready=True),
+    LocationFacts("gcp-central", "gcp", "us-central1", ready=True),
+    LocationFacts("nebius-north", "nebius", "eu-north1", ready=True),
 ]
 DEFAULTS = {"aws": "aws-east", "gcp": "gcp-central", "nebius": "nebius-north"}
 
@@ -69,8 +70,8 @@ def test_excluded_region_moves_down_to_cloud_default_then_fallback() -> None:
 
 def test_unwritable_locations_are_passed_over() -> None:
     locations = [
-        Candidate("aws-east", "aws", "us-east-1", writable=True),
-        Candidate("aws-west", "aws", "us-west-2", writable=False),  # retired
+        LocationFacts("aws-east", "aws", "us-east-1", ready=True),
+        LocationFacts("aws-west", "aws", "us-west-2", retired=True, ready=True),
     ]
     got = choose(place("aws", "us-west-2"), locations=locations, cloud_defaults={"aws": "aws-east"})
     assert got[:2] == ("aws-east", Rule.CLOUD)
@@ -104,11 +105,13 @@ clouds = st.sampled_from(["aws", "gcp", "azure", "nebius"])
 regions = st.sampled_from(["r1", "r2", "r3"])
 candidates = st.lists(
     st.builds(
-        Candidate,
+        LocationFacts,
         name=st.sampled_from([f"loc{i}" for i in range(8)]),
         cloud=clouds,
         region=regions,
-        writable=st.booleans(),
+        retired=st.booleans(),
+        ready=st.booleans(),
+        unfinished=st.booleans(),
     ),
     max_size=8,
     unique_by=lambda c: c.name,
@@ -122,7 +125,7 @@ candidates = st.lists(
     data=st.data(),
 )
 def test_a_placement_is_always_usable_and_the_first_rule_that_matches(
-    locations: list[Candidate], cloud: str | None, region: str | None, data: st.DataObject
+    locations: list[LocationFacts], cloud: str | None, region: str | None, data: st.DataObject
 ) -> None:
     names = [c.name for c in locations]
     p = place(cloud, region if cloud else None)

@@ -16,13 +16,15 @@ from typing import Any
 
 from aiohttp import web
 
+from o41.location_record import LocationRecord
+from o41.locations import Location, read_location
 from o41.state.memory import MemoryStore
 from o41.webhook import auth, placement
 from o41.webhook.app import Settings, make_app
 from o41.webhook.keys import STORE
 from o41.webhook.records import usage_prefix
 from o41.webhook.usage import Usage, hour
-from o41.webhook.view import LocationView, OrganizationView
+from o41.webhook.view import OrganizationView
 
 ORG = "ml"
 EMPTY_ORG = "quiet"
@@ -164,19 +166,12 @@ def history() -> list[dict[str, Any]]:
     ]
 
 
-def location(name: str, cloud: str, region: str, created: str) -> LocationView:
-    return LocationView(
-        name=name,
-        uid=name,
-        organization=ORG,
-        cloud=cloud,
-        region=region,
-        spec={},
-        ready=True,
-        retired=False,
-        unfinished=False,
-        created=created,
-    )
+def location(name: str, cloud: str, region: str, created: str) -> Location:
+    obj = {
+        "metadata": {"name": name, "uid": name, "creationTimestamp": created},
+        "spec": {"organization": ORG, "cloud": cloud, "region": region, "backend": {"s3": {}}},
+    }
+    return read_location(obj, LocationRecord(name, name, ready=True, ready_since=created))
 
 
 def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:

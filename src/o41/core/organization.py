@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class LocationFacts:
-    """What the rules need to know of one location."""
+    """What the rules need to know of one location: the core's one Location type.
+
+    ``ready`` and ``unfinished`` come from the operator's record, never from status
+    (``o41.locations.read_location``)."""
 
     name: str
     cloud: str
@@ -25,6 +28,11 @@ class LocationFacts:
     ready: bool = False
     unfinished: bool = False  # setup failed and it never became Ready, so took no write
     ever_ready: bool = False  # it became Ready once, so it may hold versions
+
+    @property
+    def writable(self) -> bool:
+        """May take a new version now: Ready, not retired, not unfinished."""
+        return self.ready and not self.retired and not self.unfinished
 
     @property
     def eligible(self) -> bool:

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from o41.core.organization import LocationFacts
 from o41.core.places import Place
 
 
@@ -20,16 +21,6 @@ class Rule(enum.StrEnum):
     REGION = "region"
     CLOUD = "cloud"
     FALLBACK = "fallback"
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A location as placement sees it, in the order the organization added them."""
-
-    name: str
-    cloud: str
-    region: str
-    writable: bool  # ready, not retired, not unfinished
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +36,15 @@ class PlacementRefused(Exception):
 
 def place_write(
     place: Place,
-    locations: Sequence[Candidate],
+    locations: Sequence[LocationFacts],
     *,
     fallback: str | None,
     cloud_defaults: Mapping[str, str],
     exclude: Collection[str] = (),
     organization: str = "the organization",
 ) -> Placement:
-    """Choose the location for a write from ``place``."""
+    """Choose the location for a write from ``place``; ``locations`` in the order the
+    organization added them."""
     if fallback is None:
         raise PlacementRefused(
             f"{organization} has no fallback location yet, so it takes no writes: "

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from o41.api import NAME_PATTERN
+from o41.api import NAME_PATTERN, LocationSpec
 from o41.core.parts import (
     MAX_PARTS,
     PART_SIZE,
@@ -29,7 +29,7 @@ from o41.core.parts import (
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import Place, locality
 from o41.jsonlimits import TooDeep, check_depth
-from o41.locations import bucket_ref
+from o41.locations import Location
 from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.storage import Bucket, SignedRequest, StorageError, open_bucket
 from o41.webhook.auth import caller
@@ -39,7 +39,7 @@ from o41.webhook.errors import problem
 from o41.webhook.keys import STORE
 from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
 from o41.webhook.usage import Usage
-from o41.webhook.view import LocationView, OrganizationView, Secrets, View
+from o41.webhook.view import OrganizationView, Secrets, View
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +83,8 @@ class PendingLease:
 VIEW: web.AppKey[View] = web.AppKey("view", View)
 SECRETS: web.AppKey[Secrets] = web.AppKey("secrets", Secrets)
 USAGE: web.AppKey[Usage] = web.AppKey("usage", Usage)
-BUCKETS: web.AppKey[dict[str, tuple[Mapping[str, Any], Mapping[str, str] | None, Bucket]]] = (
-    web.AppKey("buckets", dict)
+BUCKETS: web.AppKey[dict[str, tuple[LocationSpec, Mapping[str, str] | None, Bucket]]] = web.AppKey(
+    "buckets", dict
 )
 LEASES: web.AppKey[PendingLease] = web.AppKey("leases", PendingLease)
 BATCHER: web.AppKey[PutBatcher] = web.AppKey("batcher", PutBatcher)
@@ -161,7 +161,7 @@ def organization_for(request: web.Request, name: str) -> OrganizationView:
     return org
 
 
-async def bucket_for(request: web.Request, location: LocationView) -> Bucket:
+async def bucket_for(request: web.Request, location: Location) -> Bucket:
     """One Bucket per location, rebuilt when its spec or credentials change: the view
     replaces a Location's spec object on every change and the Secret cache its data
     object on every read, so identity tells, with no work on the hot path."""
@@ -170,7 +170,7 @@ async def bucket_for(request: web.Request, location: LocationView) -> Bucket:
     hit = cache.get(location.name)
     if hit is not None and hit[0] is location.spec and hit[1] is credentials:
         return hit[2]
-    bucket = open_bucket(bucket_ref(location.name, location.uid, location.spec, credentials))
+    bucket = open_bucket(location.bucket(credentials))
     cache[location.name] = (location.spec, credentials, bucket)
     return bucket
 
@@ -251,7 +251,7 @@ async def begin(request: web.Request) -> web.Response:
     try:
         chosen = place_write(
             place,
-            [loc.candidate() for loc in locations],
+            [loc.facts for loc in locations],
             fallback=org.fallback,
             cloud_defaults=org.cloud_defaults,
             exclude=body.exclude,

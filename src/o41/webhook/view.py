@@ -18,49 +18,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from o41.api import GROUP, VERSION
-from o41.core.organization import Effective, LocationFacts, Picks, effective
-from o41.core.placement import Candidate
+from o41.core.organization import Effective, Picks, effective
 from o41.location_record import PREFIX, SELECTOR, LocationRecord, parse
+from o41.locations import Location, read_location
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LocationView:
-    name: str
-    uid: str
-    organization: str
-    cloud: str
-    region: str
-    spec: Mapping[str, Any]
-    ready: bool  # as the operator's record says: Ready now, and Ready since its setup
-    retired: bool
-    unfinished: bool  # as the operator's record says
-    created: str
-
-    @property
-    def writable(self) -> bool:
-        return self.ready and not self.retired and not self.unfinished
-
-    def candidate(self) -> Candidate:
-        return Candidate(self.name, self.cloud, self.region, self.writable)
-
-    def facts(self) -> LocationFacts:
-        return LocationFacts(
-            self.name, self.cloud, self.region, self.retired, self.ready, self.unfinished
-        )
-
-    def recorded(self, record: LocationRecord | None) -> LocationView:
-        """This location as the operator's record says (no record: no writes)."""
-        ready = record is not None and record.takes_writes
-        unfinished = record is not None and record.unfinished
-        if (ready, unfinished) == (self.ready, self.unfinished):
-            return self
-        return replace(self, ready=ready, unfinished=unfinished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,22 +48,6 @@ class OrganizationSource:
     hint: Effective
 
 
-def location_view(obj: Mapping[str, Any], record: LocationRecord | None = None) -> LocationView:
-    meta, spec = obj["metadata"], obj.get("spec") or {}
-    return LocationView(
-        name=meta["name"],
-        uid=meta.get("uid", ""),
-        organization=spec.get("organization", ""),
-        cloud=spec.get("cloud", ""),
-        region=spec.get("region", ""),
-        spec=spec,
-        ready=False,
-        retired=bool(spec.get("retired", False)),
-        unfinished=False,
-        created=meta.get("creationTimestamp", ""),
-    ).recorded(record)
-
-
 def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     return OrganizationSource(
@@ -109,11 +59,11 @@ def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
 
 
 def organization_view(
-    source: OrganizationSource, locations: tuple[LocationView, ...]
+    source: OrganizationSource, locations: tuple[Location, ...]
 ) -> OrganizationView:
     """The fallback and defaults in force, by the organization rules: from its spec, its
     own locations and their records; status can only choose among what the rules allow."""
-    in_force = effective([loc.facts() for loc in locations], source.picks, source.hint)
+    in_force = effective([loc.facts for loc in locations], source.picks, source.hint)
     return OrganizationView(
         source.name,
         source.namespaces,
@@ -127,18 +77,18 @@ def organization_view(
 class View:
     """What the service knows of the cluster; updated by ``Watcher``, read by handlers."""
 
-    locations: dict[str, LocationView] = field(default_factory=dict)
+    locations: dict[str, Location] = field(default_factory=dict)
     organizations: dict[str, OrganizationView] = field(default_factory=dict)
     records: dict[str, LocationRecord] = field(default_factory=dict)  # by Location uid
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # each organization's locations, sorted; every begin reads them, few events change them
-    _by_organization: dict[str, tuple[LocationView, ...]] = field(
+    _by_organization: dict[str, tuple[Location, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
     _names: dict[str, set[str]] = field(default_factory=dict, init=False, repr=False)
     _sources: dict[str, OrganizationSource] = field(default_factory=dict, init=False, repr=False)
 
-    def put_location(self, location: LocationView) -> None:
+    def put_location(self, location: Location) -> None:
         """Add or replace it; its organization's view follows (the organization is
         immutable, so a location never moves between two)."""
         before = self.locations.get(location.name)
@@ -183,7 +133,7 @@ class View:
             view = organization_view(source, self.locations_of(organization))
             self.organizations[organization] = view
 
-    def locations_of(self, organization: str) -> tuple[LocationView, ...]:
+    def locations_of(self, organization: str) -> tuple[Location, ...]:
         """In the order they were added, as placement's rules want them."""
         found = self._by_organization.get(organization)
         if found is None:
@@ -200,10 +150,10 @@ class Secrets:
         self._api, self._namespace, self._ttl = api, namespace, ttl
         self._cache: dict[str, tuple[float, dict[str, str]]] = {}
 
-    async def credentials(self, location: LocationView) -> dict[str, str] | None:
+    async def credentials(self, location: Location) -> dict[str, str] | None:
         """The location's Secret data (the same object until the cache refreshes it)."""
-        ref = location.spec.get("credentials")
-        return await self.read(ref["secretName"]) if ref else None
+        secret = location.credentials_secret
+        return await self.read(secret) if secret else None
 
     async def read(self, name: str) -> dict[str, str]:
         hit = self._cache.get(name)
@@ -262,7 +212,7 @@ class Watcher:
             if event == "DELETED":
                 view.drop_location(name)
             else:
-                view.put_location(location_view(obj, view.records.get(obj["metadata"]["uid"])))
+                view.put_location(read_location(obj, view.records.get(obj["metadata"]["uid"])))
         elif event == "DELETED":
             view.drop_organization(name)
         else:
