@@ -54,6 +54,13 @@ class ServiceError(ArtifactError):
         self.status, self.body = status, body
 
 
+def _failed_location(e: ServiceError) -> str | None:
+    """The location a 503 names as unable to take the write now (its bucket failed), so
+    the write moves on without it; None for any other refusal."""
+    location = e.body.get("location") if e.status == 503 else None
+    return location if isinstance(location, str) and location else None
+
+
 class UploadFailed(ArtifactError):
     """The bucket did not take the bytes: the write begins again elsewhere."""
 
@@ -332,7 +339,15 @@ class Artifacts:
             request["crc32"] = part_checksums(path, size, part_size)
         exclude: list[str] = []
         for _ in range(MAX_BEGINS):
-            began = self.call("POST", "/v1/writes", {**request, "exclude": exclude})
+            try:
+                began = self.call("POST", "/v1/writes", {**request, "exclude": exclude})
+            except ServiceError as e:
+                failed = _failed_location(e)
+                if failed is None or failed in exclude:
+                    raise
+                log.warning("%s; beginning again without location %s", e, failed)
+                exclude.append(failed)  # its bucket could not sign: the next one may
+                continue
             if began.get("warning"):
                 log.warning("%s", began["warning"])
             try:

@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 from o41.core.placement import PlacementRefused
 from o41.core.writes import CommitRefused, WriteRefused
 from o41.state import StoreUnavailable
-from o41.storage import StorageError
+from o41.storage import Reason, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def answer(e: Exception) -> web.HTTPException | None:
     if isinstance(e, PlacementRefused | CommitRefused):
         return problem(409, str(e))
     if isinstance(e, LocationFailed):
-        if e.error.reason == "UploadIncomplete":
+        if e.error.reason == Reason.UPLOAD_INCOMPLETE:
             return problem(
                 409, f"the upload is incomplete: {e.error}; upload every part, then commit"
             )

@@ -22,7 +22,11 @@ from o41.core.usage import (
     money,
 )
 
-RULE_COLORS: dict[str, str] = {Rule.REGION: "#2e7d32", Rule.CLOUD: "#f9a825", Rule.FALLBACK: "#c62828"}
+RULE_COLORS: dict[str, str] = {
+    Rule.REGION: "#2e7d32",
+    Rule.CLOUD: "#f9a825",
+    Rule.FALLBACK: "#c62828",
+}
 OTHER_COLOR = "#757575"
 
 # --- HTML -----------------------------------------------------------------------------
