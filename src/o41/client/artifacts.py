@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+# the endpoint and token a pod's clients use, defined once (the collections' client too)
+from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, crc32_b64, part_count, part_size_for
 from o41.core.places import Place
 
 log = logging.getLogger("o41")
 
-ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
-ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
-SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 BLOCK = 1024 * 1024
 PARALLEL_PARTS = 8
 # Downloads: fewer, larger ranges than parts. Measured against versitygw on 2 shared cores
