@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from o41.collections.buffer import Buffer
 from o41.collections.checks import (
     BadRequest,
     Busy,
@@ -107,14 +108,11 @@ class Engine:
         self.store = store
         self.flush_interval = flush_interval
         self.max_batch = max_batch
-        self.max_buffer = max_buffer
         self.max_wait = max_wait
         self.arrival_ttl = arrival_ttl
         self.idle = idle
-        self.buffered = 0
-        self._in_flight = 0  # of ``buffered``: taken by the flush under way
+        self.buffer: Buffer[Replica] = Buffer(max_buffer, max_batch, self._wake_flusher)
         self.stats = Stats()
-        self._seq = 0
         self._puts: Combiner[tuple[bytes, bytes], None] = Combiner(
             self._put_batch, MAX_TXN_OPS, parallel=4
         )
@@ -124,7 +122,6 @@ class Engine:
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
-        self._dirty: dict[bytes, Replica] = {}
         self._wake: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock: asyncio.Lock | None = None
@@ -202,9 +199,10 @@ class Engine:
         result: dict[str, Any] = await handler(prefix, args)
         return result
 
-    def next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+    @property
+    def buffered(self) -> int:
+        """Eventual writes acknowledged and not written to etcd yet."""
+        return self.buffer.count
 
     async def _put_batch(self, items: list[tuple[bytes, bytes]]) -> list[None]:
         """Strong puts that arrived together, in one transaction: all commit at one
@@ -231,7 +229,7 @@ class Engine:
         (a queue's replica only buffers offers)."""
         replica = self._replicas.get(prefix)
         if replica is None:
-            replica = self._replicas[prefix] = Replica(self, prefix)
+            replica = self._replicas[prefix] = Replica(self.store, self.buffer, prefix)
             self._ensure_flusher()
         if follow:
             replica.start()
@@ -379,7 +377,7 @@ class Engine:
             replica = self._replicas.get(prefix + b"q/")
             if replica is not None and replica.offers:
                 value = replica.offers.pop(0)
-                self.buffered -= 1
+                self.buffer.discard(1)
         return {"found": value is not None, "value": value}
 
     async def _queue_len(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
@@ -392,7 +390,7 @@ class Engine:
     async def _queue_clear(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         replica = self._replicas.get(prefix + b"q/")
         if replica is not None and replica.offers:
-            self.buffered -= len(replica.offers)
+            self.buffer.discard(len(replica.offers))
             replica.offers.clear()
         await self.store.delete(prefix + b"q/", prefix=True)
         return {}
@@ -614,20 +612,9 @@ class Engine:
 
     # the eventual writes: buffered, then written in batches
 
-    def admit(self) -> None:
-        """Refuse an eventual write when too many wait for etcd (``buffered`` counts writes
-        since the last flush, recounted exactly at each flush)."""
-        if self.buffered >= self.max_buffer:
-            raise Busy(
-                f"{self.buffered} eventual writes are waiting for etcd on this replica: "
-                "etcd is slow or unreachable; try again, or use strong consistency to wait"
-            )
-
-    def wrote(self, replica: Replica) -> None:
-        """Wake the flusher when a full batch waits, not counting the writes a flush under
-        way has taken: a write arriving meanwhile goes with the next batch."""
-        self._dirty[replica.prefix] = replica
-        if self.buffered - self._in_flight >= self.max_batch and self._wake is not None:
+    def _wake_flusher(self) -> None:
+        """A full batch waits (``self.buffer`` counts it): write it now."""
+        if self._wake is not None:
             self._wake.set()
 
     def _ensure_flusher(self) -> None:
@@ -680,17 +667,14 @@ class Engine:
             await self._flush()
 
     async def _flush(self) -> None:
-        replicas = list(self._dirty.values())
-        self._dirty.clear()
-        self._in_flight = self.buffered
+        replicas = self.buffer.drain()
         ops: list[Op] = []
         owners: list[tuple[Replica, bytes, Buffered]] = []
         try:
             for replica in replicas:
                 if replica.clear_dirty and replica.cleared is not None:
                     result = await self.store.txn([], [Delete(replica.prefix, prefix=True)])
-                    replica.cleared.flushed_at = result.revision
-                    replica.clear_dirty = False
+                    replica.clear_written(result.revision)
                     self.stats.flushed += 1
                 for key in list(replica.dirty):
                     pending = replica.overlay[key]
@@ -712,11 +696,7 @@ class Engine:
             for replica, key, pending in owners:  # not written: still buffered
                 if replica.overlay.get(key) is pending and key not in replica.dirty:
                     replica.dirty[key] = None
-            for replica in replicas:
-                if not replica.idle:
-                    self._dirty[replica.prefix] = replica
-            self.buffered = sum(r.backlog for r in self._dirty.values())
-            self._in_flight = 0
+            self.buffer.requeue(replicas)
 
     async def _write(self, ops: list[Op], owners: list[tuple[Replica, bytes, Buffered]]) -> None:
         """Puts and deletes are idempotent: a write that failed stays buffered and goes
@@ -724,11 +704,11 @@ class Engine:
         result = await self.store.txn([], ops)
         self.stats.flushes += 1
         self.stats.flushed += len(ops)
+        written: dict[Replica, list[tuple[bytes, Buffered]]] = {}
         for replica, key, pending in owners:
-            pending.flushed_at = result.revision
-            replica.unseen.append((result.revision, key, pending.seq))
-        for replica in {r for r, _, _ in owners}:
-            replica._prune()
+            written.setdefault(replica, []).append((key, pending))
+        for replica, writes in written.items():
+            replica.written(result.revision, writes)
 
     async def _flush_counter(self, replica: Replica) -> None:
         """An add is not idempotent: first a read that fails cleanly without a majority
@@ -757,8 +737,7 @@ class Engine:
             log.warning("an eventual counter add ended in doubt and was dropped: %s", e)
             return
         self.stats.flushed += 1
-        replica.counter_inflight.append((revision, step))
-        replica._prune()
+        replica.counter_written(revision, step)
 
     async def _flush_offers(self, replica: Replica) -> None:
         """Offers as counter adds: a clean failure keeps them, a doubtful one drops them."""

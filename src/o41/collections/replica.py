@@ -1,5 +1,6 @@
 """Eventual consistency: this service replica's copy of a collection (kept fresh by an
-etcd watch) and the writes it acknowledged before etcd has them. The engine flushes them.
+etcd watch) and the writes it acknowledged before etcd has them, counted in the engine's
+``buffer.Buffer``. The engine flushes them and tells the copy what it wrote.
 """
 
 from __future__ import annotations
@@ -10,13 +11,10 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from o41.collections.buffer import Buffer
 from o41.collections.checks import counter_value
 from o41.state import Get, KeyValue, Store, StoreUnavailable, WatchEvent
-
-if TYPE_CHECKING:
-    from o41.collections.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +38,8 @@ class Replica:
     """This service replica's copy of one collection's keys (``prefix``), with the eventual
     writes it acknowledged and has not seen come back from etcd yet."""
 
-    def __init__(self, engine: Engine, prefix: bytes) -> None:
-        self.engine, self.prefix = engine, prefix
+    def __init__(self, store: Store, buffer: Buffer[Replica], prefix: bytes) -> None:
+        self.store, self.buffer, self.prefix = store, buffer, prefix
         self.mirror: dict[bytes, KeyValue] = {}
         self.revision = 0  # the mirror holds every event up to this revision
         self.loaded = asyncio.Event()
@@ -75,7 +73,7 @@ class Replica:
 
     async def _follow(self) -> None:
         backoff = 0.1
-        store = self.engine.store
+        store = self.store
         while True:
             try:
                 snapshot = await store.txn([], [Get(self.prefix, prefix=True)])
@@ -109,6 +107,26 @@ class Replica:
         self.revision = max(self.revision, kv.mod_revision)
         self._prune()
 
+    def written(self, revision: int, writes: list[tuple[bytes, Buffered]]) -> None:
+        """The engine wrote these buffered writes at ``revision``: each is dropped from the
+        overlay once the copy has seen that revision (and it was not written again)."""
+        for key, pending in writes:
+            pending.flushed_at = revision
+            self.unseen.append((revision, key, pending.seq))
+        self._prune()
+
+    def clear_written(self, revision: int) -> None:
+        """The engine wrote the buffered clear at ``revision``."""
+        if self.cleared is not None:
+            self.cleared.flushed_at = revision
+        self.clear_dirty = False
+
+    def counter_written(self, revision: int, step: CounterPending) -> None:
+        """The engine wrote the counter's ``step`` at ``revision``: reads add it until the
+        copy has seen that revision."""
+        self.counter_inflight.append((revision, step))
+        self._prune()
+
     def _prune(self) -> None:
         """Drop what was written and has come back through the watch: the copy has it."""
         while self.unseen and self.unseen[0][0] <= self.revision:
@@ -127,7 +145,7 @@ class Replica:
         copy is loading), before its own buffered writes."""
         if await self.ready():
             return self.mirror
-        kvs = await self.engine.store.range(self.prefix, consistency="eventual")
+        kvs = await self.store.range(self.prefix, consistency="eventual")
         return {kv.key: kv for kv in kvs}
 
     # entries (dict, set, registry)
@@ -153,9 +171,8 @@ class Replica:
         return list(out.items())
 
     def write(self, key: bytes, value: bytes | None) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
-        seq = self.engine.next_seq()
+        self.buffer.admit()
+        seq = self.buffer.next_seq()
         before = self.overlay.get(key)
         if before is None:
             pending = Buffered(value, seq, order=seq)
@@ -165,17 +182,16 @@ class Replica:
             pending = Buffered(value, seq, order=before.order, recreated=before.recreated)
         self.overlay[key] = pending
         self.dirty[key] = None
-        self.engine.wrote(self)
+        self.buffer.add(self)
 
     def clear(self) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
+        self.buffer.admit()
         self.overlay.clear()
         self.dirty.clear()
         self.unseen.clear()
-        self.cleared = Buffered(None, self.engine.next_seq())
+        self.cleared = Buffered(None, self.buffer.next_seq())
         self.clear_dirty = True
-        self.engine.wrote(self)
+        self.buffer.add(self)
 
     # counter
 
@@ -187,20 +203,18 @@ class Replica:
         return (0 if self.counter.reset else value) + self.counter.delta
 
     def counter_write(self, delta: int, reset: bool) -> None:
-        self.engine.admit()
-        self.engine.buffered += 1
+        self.buffer.admit()
         if reset:
             self.counter = CounterPending(reset=True)
         self.counter.delta += delta
-        self.engine.wrote(self)
+        self.buffer.add(self)
 
     # queue
 
     def offer(self, value: bytes) -> None:
-        self.engine.admit()
+        self.buffer.admit()
         self.offers.append(value)
-        self.engine.buffered += 1
-        self.engine.wrote(self)
+        self.buffer.add(self)
 
     @property
     def backlog(self) -> int:
