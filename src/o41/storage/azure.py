@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import functools
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
@@ -42,6 +43,7 @@ from o41.storage.base import (
     AZURE_OWNER_METADATA,
     NO_RECORD,
     OCTET_STREAM,
+    Answer,
     BucketRef,
     Creations,
     Ensured,
@@ -182,16 +184,12 @@ class AzureBucket:
         props = self._properties()
         created = False
         if props is None:
-            try:
+            with self._failing("creating", unless=_exists) as answer:
                 # No public_access argument: the container is private.
                 container.create_container(metadata={AZURE_OWNER_METADATA: mark})
-                created = True
-            except aex.ResourceExistsError as e:
-                if _code(e) == "ContainerBeingDeleted":
-                    self._raise(e, "creating")
+            created = answer.error is None
+            if not created:
                 props = self._properties()  # created meanwhile
-            except Exception as e:
-                self._raise(e, "creating")
         if not created:
             if props is None:
                 raise SetupFailed(
@@ -223,24 +221,19 @@ class AzureBucket:
             )
 
     def _properties(self) -> Any:
-        try:
-            return self._container.get_container_properties()
-        except aex.ResourceNotFoundError:
-            return None
-        except Exception as e:
-            self._raise(e, "looking up")
+        with self._failing("looking up", unless=_not_found) as answer:
+            props = self._container.get_container_properties()
+        return None if answer.error is not None else props
 
     def _make_private(self) -> None:
         """Turn off anonymous access on an adopted container, keeping its stored access
         policies (they back SAS tokens someone may hold)."""
-        try:
+        with self._failing("making private"):
             policy = self._container.get_container_access_policy()
             identifiers = {i.id: i.access_policy for i in policy.get("signed_identifiers", [])}
             self._container.set_container_access_policy(
                 signed_identifiers=identifiers, public_access=None
             )
-        except Exception as e:
-            self._raise(e, "making private")
 
     # -------------------------------------------------------------------- transfers
 
@@ -296,19 +289,16 @@ class AzureBucket:
             raise UploadIncomplete("no parts were reported for the upload")
         # BlobBlock takes the raw id: the SDK base64-encodes it, giving the ids the URLs carry.
         blocks = [BlobBlock(block_id=raw_block_id(upload_id, n)) for n in range(1, len(etags) + 1)]
-        try:
+        doing = "completing an upload to"
+        with self._failing(doing, cls=StorageError, unless=_bad_block_list) as answer:
             self._service.get_blob_client(self.ref.bucket, key).commit_block_list(
                 blocks, content_settings=ContentSettings(content_type=OCTET_STREAM)
             )
-        except aex.HttpResponseError as e:
-            if _code(e) == "InvalidBlockList":
-                raise UploadIncomplete(
-                    f"Azure refused the block list of {key!r}: a part was not uploaded; upload "
-                    "it, then complete again"
-                ) from e
-            self._raise(e, "completing an upload to", cls=StorageError)
-        except Exception as e:
-            self._raise(e, "completing an upload to", cls=StorageError)
+        if answer.error is not None:
+            raise UploadIncomplete(
+                f"Azure refused the block list of {key!r}: a part was not uploaded; upload "
+                "it, then complete again"
+            ) from answer.error
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
         """Nothing to delete: Azure discards uncommitted blocks by itself after 7 days."""
@@ -317,12 +307,10 @@ class AzureBucket:
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
-        try:
+        with self._failing("reading an object of", cls=StorageError, unless=_not_found) as answer:
             props = self._service.get_blob_client(self.ref.bucket, key).get_blob_properties()
-        except aex.ResourceNotFoundError:
+        if answer.error is not None:
             return None
-        except Exception as e:
-            self._raise(e, "reading an object of", cls=StorageError)
         md5 = props.content_settings.content_md5
         return ObjectStat(
             size=int(props.size), etag=props.etag, md5=bytes(md5).hex() if md5 else None
@@ -351,6 +339,24 @@ class AzureBucket:
 
     # ------------------------------------------------------------------------ errors
 
+    @contextlib.contextmanager
+    def _failing(
+        self,
+        doing: str,
+        *,
+        cls: type[StorageError] = SetupFailed,
+        unless: Callable[[Exception], bool] = lambda e: False,
+    ) -> Iterator[Answer[Exception]]:
+        """Any error of the block as the project's ``cls`` (``_raise``), except an Azure
+        answer ``unless`` picks: that one is left in the yielded ``Answer`` for the caller."""
+        answer: Answer[Exception] = Answer()
+        try:
+            yield answer
+        except Exception as e:
+            if not unless(e):
+                self._raise(e, doing, cls=cls)
+            answer.error = e
+
     def _raise(
         self, e: Exception, doing: str, *, cls: type[StorageError] = SetupFailed
     ) -> NoReturn:
@@ -363,6 +369,20 @@ class AzureBucket:
         what = f"{doing} Azure container {self.ref.bucket!r} at {self.account_url} failed"
         message = scrub(f"{what}: {detail}. {advice}", self.ref.secrets())
         raise cls(reason, message, retryable=retryable) from e
+
+
+def _not_found(e: Exception) -> bool:
+    return isinstance(e, aex.ResourceNotFoundError)
+
+
+def _exists(e: Exception) -> bool:
+    """The container exists (created meanwhile), and is not on its way out."""
+    return isinstance(e, aex.ResourceExistsError) and _code(e) != "ContainerBeingDeleted"
+
+
+def _bad_block_list(e: Exception) -> bool:
+    """A part was not uploaded."""
+    return isinstance(e, aex.HttpResponseError) and _code(e) == "InvalidBlockList"
 
 
 def _code(e: Exception) -> str:

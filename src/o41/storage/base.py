@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal, Protocol, get_args
+from typing import Generic, Literal, Protocol, TypeVar, get_args
 
 Kind = Literal["s3", "gcs", "azure_blob", "s3_compatible"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -78,6 +78,18 @@ class UploadIncomplete(StorageError):
 
     def __init__(self, message: str) -> None:
         super().__init__(Reason.UPLOAD_INCOMPLETE, message, retryable=False)
+
+
+E = TypeVar("E", bound=Exception)
+
+
+class Answer(Generic[E]):
+    """What a backend's ``_failing`` block yields: the SDK error its caller said it handles
+    itself (a lookup's 404, a create's "already yours"), left in ``error`` instead of
+    becoming a ``StorageError``; None when the call succeeded."""
+
+    def __init__(self) -> None:
+        self.error: E | None = None
 
 
 @dataclass(frozen=True)

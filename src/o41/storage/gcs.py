@@ -19,12 +19,13 @@ object. That is the only delete o41 ever makes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import functools
 import json
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import requests
@@ -37,6 +38,7 @@ from o41.storage.base import (
     GCS_OWNER_LABEL,
     NO_RECORD,
     OCTET_STREAM,
+    Answer,
     BucketRef,
     Creations,
     Ensured,
@@ -182,54 +184,45 @@ class GcsBucket:
         )
 
     def check(self) -> None:
-        try:
+        with self._failing("checking"):
             self._client.get_bucket(self.ref.bucket, timeout=_TIMEOUT, retry=_RETRY)
-        except Exception as e:
-            self._raise(e, "checking")
 
     def _get_or_create(self, owner: str, mark: str, creations: Creations) -> tuple[Any, bool]:
         name = self.ref.bucket
-        forbidden = False
-        try:
-            return self._client.get_bucket(name, timeout=_TIMEOUT, retry=_RETRY), False
-        except gex.NotFound:
-            pass
-        except gex.Forbidden:
-            forbidden = True  # someone else's bucket, or we may not read ours: create tells
-        except Exception as e:
-            self._raise(e, "looking up")
+        with self._failing("looking up", unless=(gex.NotFound, gex.Forbidden)) as answer:
+            found = self._client.get_bucket(name, timeout=_TIMEOUT, retry=_RETRY)
+        if answer.error is None:
+            return found, False
+        # Forbidden: someone else's bucket, or we may not read ours: create tells
+        forbidden = isinstance(answer.error, gex.Forbidden)
 
         creations.record(name)
         new = self._client.bucket(name)
         new.labels = {GCS_OWNER_LABEL: mark}
         new.iam_configuration.uniform_bucket_level_access_enabled = True
         new.iam_configuration.public_access_prevention = "enforced"
-        try:
+        with self._failing("creating", unless=(gex.Conflict, ValueError)) as answer:
             # No retry: a create retried after a lost answer would conflict with itself.
             created = self._client.create_bucket(new, location=self.ref.region, timeout=_TIMEOUT)
-        except gex.Conflict as e:
-            if forbidden:
-                raise name_taken(
-                    "gcs", name, owner, None, elsewhere="another Google Cloud project"
-                ) from e
-            try:  # created meanwhile, maybe by our own earlier attempt
-                return self._client.get_bucket(name, timeout=_TIMEOUT, retry=_RETRY), False
-            except gex.Forbidden:
-                raise name_taken(
-                    "gcs", name, owner, None, elsewhere="another Google Cloud project"
-                ) from e
-            except Exception as again:
-                self._raise(again, "looking up")
-        except ValueError as e:  # the SDK: "Client project not set"
+        e = answer.error
+        if e is None:
+            return created, True
+        if isinstance(e, ValueError):  # the SDK: "Client project not set"
             raise SetupFailed(
                 Reason.BACKEND_ERROR,
                 "no Google Cloud project to create the bucket in: set spec.backend.gcs.project "
                 "or use a key file that names its project_id.",
                 retryable=False,
             ) from e
-        except Exception as e:
-            self._raise(e, "creating")
-        return created, True
+        taken = name_taken("gcs", name, owner, None, elsewhere="another Google Cloud project")
+        if forbidden:
+            raise taken from e
+        # A conflict: created meanwhile, maybe by our own earlier attempt.
+        with self._failing("looking up", unless=(gex.Forbidden,)) as again:
+            found = self._client.get_bucket(name, timeout=_TIMEOUT, retry=_RETRY)
+        if again.error is None:
+            return found, False
+        raise taken from e
 
     def _check_owner(self, bucket: Any, owner: str, mark: str, creations: Creations) -> bool:
         """Pass for a bucket marked as ours; True when it is our own unmarked creation
@@ -244,23 +237,20 @@ class GcsBucket:
         raise name_taken("gcs", self.ref.bucket, owner, found)
 
     def _write_marker(self, mark: str) -> None:
-        try:
+        with self._failing("marking"):
             self._bucket.blob(MARKER_OBJECT).upload_from_string(
                 mark.encode(), content_type="text/plain", timeout=_TIMEOUT, retry=_RETRY
             )
-        except Exception as e:
-            self._raise(e, "marking")
 
     def _read_marker(self) -> str | None:
         """The fallback owner mark, or None (absent, unreadable, or not one of ours)."""
-        try:
+        unreadable = (gex.NotFound, gex.Forbidden)
+        with self._failing("reading the owner mark of", unless=unreadable) as answer:
             raw = self._bucket.blob(MARKER_OBJECT).download_as_bytes(
                 end=127, timeout=_TIMEOUT, retry=_RETRY
             )
-        except (gex.NotFound, gex.Forbidden):
+        if answer.error is not None:
             return None
-        except Exception as e:
-            self._raise(e, "reading the owner mark of")
         try:
             return bytes(raw).decode().strip() or None
         except UnicodeDecodeError:
@@ -287,10 +277,8 @@ class GcsBucket:
             return []
         iam.uniform_bucket_level_access_enabled = True
         iam.public_access_prevention = "enforced"
-        try:
+        with self._failing("blocking public access to"):
             bucket.patch(timeout=_TIMEOUT, retry=_RETRY)
-        except Exception as e:
-            self._raise(e, "blocking public access to")
         iam = bucket.iam_configuration
         if iam.uniform_bucket_level_access_enabled and iam.public_access_prevention == "enforced":
             return []
@@ -356,15 +344,13 @@ class GcsBucket:
         bucket = self._bucket
         prefix = part_name(key, upload_id, 0)[:-5]
         names = [part_name(key, upload_id, n) for n in range(1, len(etags) + 1)]
-        try:
+        with self._failing("listing the parts in", cls=StorageError):
             present = {
                 b.name
                 for b in self._client.list_blobs(
                     bucket, prefix=prefix, timeout=_TIMEOUT, retry=_RETRY
                 )
             }
-        except Exception as e:
-            self._raise(e, "listing the parts in", cls=StorageError)
         missing = [n for n, name in enumerate(names, start=1) if name not in present]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
@@ -375,7 +361,7 @@ class GcsBucket:
         temporary: list[str] = []
         sources = [bucket.blob(name) for name in names]
         level = 0
-        try:
+        with self._failing("composing an upload in", cls=StorageError):
             while len(sources) > _COMPOSE_MAX:
                 composed = []
                 for i in range(0, len(sources), _COMPOSE_MAX):
@@ -389,42 +375,33 @@ class GcsBucket:
             dest.content_type = OCTET_STREAM
             # Composing the same sources again gives the same bytes: safe to retry.
             dest.compose(sources, timeout=_TIMEOUT, retry=_RETRY)
-        except Exception as e:
-            self._raise(e, "composing an upload in", cls=StorageError)
         self._delete_parts(names + temporary)
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
         """Delete this upload's part objects: those under its own random prefix only."""
         check_key(key)
         prefix = part_name(key, self._upload_id(upload), 0)[:-5]
-        try:
+        with self._failing("listing the parts in", cls=StorageError):
             names = [
                 b.name
                 for b in self._client.list_blobs(
                     self._bucket, prefix=prefix, timeout=_TIMEOUT, retry=_RETRY
                 )
             ]
-        except Exception as e:
-            self._raise(e, "listing the parts in", cls=StorageError)
         self._delete_parts(names)
 
     def _delete_parts(self, names: list[str]) -> None:
         bucket = self._bucket
         for name in names:
             assert ".o41part-" in name  # the one kind of object o41 deletes
-            try:
+            gone = (gex.NotFound,)  # deleted already
+            with self._failing("deleting a part in", cls=StorageError, unless=gone):
                 bucket.blob(name).delete(timeout=_TIMEOUT, retry=_RETRY)
-            except gex.NotFound:
-                pass
-            except Exception as e:
-                self._raise(e, "deleting a part in", cls=StorageError)
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
-        try:
+        with self._failing("reading an object of", cls=StorageError):
             blob = self._bucket.get_blob(key, timeout=_TIMEOUT, retry=_RETRY)
-        except Exception as e:
-            self._raise(e, "reading an object of", cls=StorageError)
         if blob is None:
             return None
         md5 = base64.b64decode(blob.md5_hash).hex() if blob.md5_hash else None
@@ -448,7 +425,7 @@ class GcsBucket:
         """A V4 signed URL for ``name`` on this bucket's endpoint. Local RSA signing with
         a key file; with ambient identity, one IAM signBlob call per URL."""
         blob = self._bucket.blob(name)
-        try:
+        with self._failing("signing a URL for", cls=StorageError):
             url: str = blob.generate_signed_url(
                 version="v4",
                 method=method,
@@ -458,10 +435,6 @@ class GcsBucket:
                 api_access_endpoint=self._access_endpoint,
                 **self._signing(),
             )
-        except StorageError:
-            raise
-        except Exception as e:
-            self._raise(e, "signing a URL for", cls=StorageError)
         return url
 
     def _signing(self) -> dict[str, Any]:
@@ -485,6 +458,24 @@ class GcsBucket:
         }
 
     # ------------------------------------------------------------------------ errors
+
+    @contextlib.contextmanager
+    def _failing(
+        self,
+        doing: str,
+        *,
+        cls: type[StorageError] = SetupFailed,
+        unless: tuple[type[Exception], ...] = (),
+    ) -> Iterator[Answer[Exception]]:
+        """Any error of the block as the project's ``cls`` (``_raise``), except one of the
+        ``unless`` types: that one is left in the yielded ``Answer`` for the caller."""
+        answer: Answer[Exception] = Answer()
+        try:
+            yield answer
+        except unless as e:
+            answer.error = e
+        except Exception as e:
+            self._raise(e, doing, cls=cls)
 
     def _raise(
         self, e: Exception, doing: str, *, cls: type[StorageError] = SetupFailed

@@ -9,9 +9,10 @@ endpoint decides where the bucket lives, so ``ensure`` cannot check the region t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
@@ -25,6 +26,7 @@ from o41.storage.base import (
     NO_RECORD,
     OCTET_STREAM,
     S3_OWNER_TAG,
+    Answer,
     BucketRef,
     Creations,
     Ensured,
@@ -85,6 +87,7 @@ _WRONG_REGION = {
     "InvalidLocationConstraint",
 }
 _TRANSIENT = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "OperationAborted"}
+_EXISTS = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
 _BAD_UPLOAD = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall", "NoSuchUpload"}
 # What an S3-compatible store answers for an S3 feature it lacks (R2, MinIO for some calls).
 _NOT_IMPLEMENTED = {"NotImplemented", "501"}
@@ -230,10 +233,8 @@ class S3Bucket:
         )
 
     def check(self) -> None:
-        try:
+        with self._failing("checking", missing=_gone(self.ref)):
             self._head()
-        except Exception as e:
-            self._raise(e, "checking", missing=_gone(self.ref))
 
     def _head(self) -> None:
         """HeadBucket. Its error answers have no body, so a 400 carries no error code (a
@@ -250,18 +251,11 @@ class S3Bucket:
     def _head_bucket(self) -> bool | None:
         """True: exists and readable; False: no such bucket; None: exists, not readable
         (someone else's, or our credentials may not read it: create_bucket tells which)."""
-        try:
+        with self._failing("looking up", unless=_statuses(403, 404)) as answer:
             self._head()
-        except bex.ClientError as e:
-            status = _status(e)
-            if status == 404:
-                return False
-            if status == 403:
-                return None
-            self._raise(e, "looking up")
-        except Exception as e:
-            self._raise(e, "looking up")
-        return True
+        if answer.error is None:
+            return True
+        return False if _status(answer.error) == 404 else None
 
     def _create(self, owner: str, mark: str, *, head_forbidden: bool) -> bool:
         """Create the bucket; False if it turned out to exist already in our account."""
@@ -273,39 +267,36 @@ class S3Bucket:
             if ref.region != "us-east-1":  # AWS refuses us-east-1 as a LocationConstraint
                 config["LocationConstraint"] = ref.region
             params["CreateBucketConfiguration"] = config
-        try:
-            self._client.create_bucket(**params)
-        except bex.ClientError as e:
+
+        def answered(e: bex.ClientError) -> bool:
             code = _code(e)
-            if code == "BucketAlreadyOwnedByYou":
-                return False
-            if code == "BucketAlreadyExists":
-                raise name_taken(
-                    ref.kind, ref.bucket, owner, None, elsewhere="another AWS account"
-                ) from e
-            if head_forbidden and code in _DENIED:
-                raise SetupFailed(
-                    Reason.ACCESS_DENIED,
-                    f"S3 bucket {ref.bucket!r} at {self._where}: the credentials may neither "
-                    "read nor create it. It may belong to another account (then set "
-                    "spec.bucket to another name), or the credentials lack s3:ListBucket "
-                    "and s3:CreateBucket.",
-                    retryable=False,
-                ) from e
-            self._raise(e, "creating")
-        except Exception as e:
-            self._raise(e, "creating")
-        return True
+            return code in _EXISTS or (head_forbidden and code in _DENIED)
+
+        with self._failing("creating", unless=answered) as answer:
+            self._client.create_bucket(**params)
+        e = answer.error
+        if e is None:
+            return True
+        if _code(e) == "BucketAlreadyOwnedByYou":
+            return False
+        if _code(e) == "BucketAlreadyExists":
+            raise name_taken(
+                ref.kind, ref.bucket, owner, None, elsewhere="another AWS account"
+            ) from e
+        raise SetupFailed(
+            Reason.ACCESS_DENIED,
+            f"S3 bucket {ref.bucket!r} at {self._where}: the credentials may neither "
+            "read nor create it. It may belong to another account (then set "
+            "spec.bucket to another name), or the credentials lack s3:ListBucket "
+            "and s3:CreateBucket.",
+            retryable=False,
+        ) from e
 
     def _tags(self) -> dict[str, str]:
-        try:
+        with self._failing("reading the tags of", unless=_codes("NoSuchTagSet")) as answer:
             got = self._client.get_bucket_tagging(Bucket=self.ref.bucket)
-        except bex.ClientError as e:
-            if _code(e) == "NoSuchTagSet":
-                return {}
-            self._raise(e, "reading the tags of")
-        except Exception as e:
-            self._raise(e, "reading the tags of")
+        if answer.error is not None:
+            return {}
         return {t["Key"]: t["Value"] for t in got.get("TagSet", [])}
 
     def _check_owner(self, owner: str, mark: str, creations: Creations) -> bool:
@@ -329,10 +320,8 @@ class S3Bucket:
             return
         tags[S3_OWNER_TAG] = mark
         tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
-        try:
+        with self._failing("tagging"):
             self._client.put_bucket_tagging(Bucket=self.ref.bucket, Tagging={"TagSet": tag_set})
-        except Exception as e:
-            self._raise(e, "tagging")
 
     def _check_region(self) -> bool:
         """On AWS, the bucket must be in the declared region. An S3-compatible endpoint's
@@ -340,10 +329,8 @@ class S3Bucket:
         nothing is checked there (False)."""
         if self.ref.kind != "s3":
             return False
-        try:
+        with self._failing("reading the region of"):
             got = self._client.get_bucket_location(Bucket=self.ref.bucket)
-        except Exception as e:
-            self._raise(e, "reading the region of")
         # AWS's legacy answers: no constraint means us-east-1, "EU" means eu-west-1.
         actual = got.get("LocationConstraint") or "us-east-1"
         actual = {"EU": "eu-west-1"}.get(actual, actual)
@@ -368,47 +355,40 @@ class S3Bucket:
         """
         warnings: list[str] = []
         ref = self.ref
-        try:
+        lacking = self._not_implemented
+        with self._failing("blocking public access to", unless=lacking) as answer:
             self._client.put_public_access_block(
                 Bucket=ref.bucket, PublicAccessBlockConfiguration=_PUBLIC_ACCESS_BLOCK
             )
-        except Exception as e:
-            if not self._not_implemented(e):
-                self._raise(e, "blocking public access to")
+        if answer.error is not None:
             warnings.append(
                 f"{self._where} has no public access block; check the bucket is private"
             )
         if created or not self._has_encryption(warnings):
-            try:
+            with self._failing("setting default encryption on", unless=lacking) as answer:
                 self._client.put_bucket_encryption(
                     Bucket=ref.bucket, ServerSideEncryptionConfiguration=_SSE_S3
                 )
-            except Exception as e:
-                if not self._not_implemented(e):
-                    self._raise(e, "setting default encryption on")
+            if answer.error is not None:
                 warnings.append(f"{self._where} does not take a default encryption setting")
         return tuple(dict.fromkeys(warnings))
 
     def _has_encryption(self, warnings: list[str]) -> bool:
-        try:
+        none = "ServerSideEncryptionConfigurationNotFoundError"
+
+        def answered(e: bex.ClientError) -> bool:
+            return _code(e) == none or self._not_implemented(e)
+
+        with self._failing("reading the encryption of", unless=answered) as answer:
             self._client.get_bucket_encryption(Bucket=self.ref.bucket)
-        except bex.ClientError as e:
-            if _code(e) == "ServerSideEncryptionConfigurationNotFoundError":
-                return False
-            if self._not_implemented(e):
-                warnings.append(f"{self._where} does not take a default encryption setting")
-                return True
-            self._raise(e, "reading the encryption of")
-        except Exception as e:
-            self._raise(e, "reading the encryption of")
+        if answer.error is not None and _code(answer.error) == none:
+            return False
+        if answer.error is not None:
+            warnings.append(f"{self._where} does not take a default encryption setting")
         return True
 
-    def _not_implemented(self, e: Exception) -> bool:
-        return (
-            not self._on_aws
-            and isinstance(e, bex.ClientError)
-            and (_code(e) in _NOT_IMPLEMENTED or _status(e) == 501)
-        )
+    def _not_implemented(self, e: bex.ClientError) -> bool:
+        return not self._on_aws and (_code(e) in _NOT_IMPLEMENTED or _status(e) == 501)
 
     @property
     def _on_aws(self) -> bool:
@@ -464,12 +444,10 @@ class S3Bucket:
         crc32 = crc32 if self._part_checksums else None
         at = expires_at(expires)
         extra = {"ChecksumAlgorithm": "CRC32"} if crc32 is not None else {}
-        try:
+        with self._failing("starting an upload to", cls=StorageError):
             started = self._client.create_multipart_upload(
                 Bucket=self.ref.bucket, Key=key, ContentType=OCTET_STREAM, **extra
             )
-        except Exception as e:
-            self._raise(e, "starting an upload to", cls=StorageError)
         upload_id = str(started["UploadId"])
         requests = []
         for n in range(1, parts + 1):
@@ -497,47 +475,36 @@ class S3Bucket:
         if crc32 is not None and self._part_checksums:  # again, as the upload was created
             for part, checksum in zip(parts, crc32, strict=True):
                 part["ChecksumCRC32"] = checksum
-        try:
+        doing, bad = "completing an upload to", _codes(*_BAD_UPLOAD)
+        with self._failing(doing, cls=StorageError, unless=bad) as answer:
             self._client.complete_multipart_upload(
                 Bucket=self.ref.bucket,
                 Key=key,
                 UploadId=upload_id_of(upload),
                 MultipartUpload={"Parts": parts},
             )
-        except bex.ClientError as e:
-            if _code(e) in _BAD_UPLOAD:
-                raise UploadIncomplete(
-                    f"S3 refused to assemble {key!r}: {_code(e)} (a part is missing, too "
-                    "small or its ETag differs; upload the parts again)."
-                ) from e
-            self._raise(e, "completing an upload to", cls=StorageError)
-        except Exception as e:
-            self._raise(e, "completing an upload to", cls=StorageError)
+        if answer.error is not None:
+            raise UploadIncomplete(
+                f"S3 refused to assemble {key!r}: {_code(answer.error)} (a part is missing, "
+                "too small or its ETag differs; upload the parts again)."
+            ) from answer.error
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
         """AbortMultipartUpload: S3 drops the parts. Idempotent."""
         check_key(key)
-        try:
+        gone = _codes("NoSuchUpload")  # aborted already
+        with self._failing("aborting an upload to", cls=StorageError, unless=gone):
             self._client.abort_multipart_upload(
                 Bucket=self.ref.bucket, Key=key, UploadId=upload_id_of(upload)
             )
-        except bex.ClientError as e:
-            if _code(e) == "NoSuchUpload":
-                return
-            self._raise(e, "aborting an upload to", cls=StorageError)
-        except Exception as e:
-            self._raise(e, "aborting an upload to", cls=StorageError)
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
-        try:
+        absent = _statuses(404)
+        with self._failing("reading an object of", cls=StorageError, unless=absent) as answer:
             head = self._client.head_object(Bucket=self.ref.bucket, Key=key, ChecksumMode="ENABLED")
-        except bex.ClientError as e:
-            if _status(e) == 404:
-                return None
-            self._raise(e, "reading an object of", cls=StorageError)
-        except Exception as e:
-            self._raise(e, "reading an object of", cls=StorageError)
+        if answer.error is not None:
+            return None
         etag = head.get("ETag")
         md5 = None
         # The ETag is the MD5 of the bytes only for single-part objects without SSE-KMS/C.
@@ -586,7 +553,7 @@ class S3Bucket:
     ) -> str:
         """SigV4 query signing (o41.storage.sigv4) on the URL botocore resolved once, with
         the credentials botocore holds (explicit, or ambient and refreshed)."""
-        try:
+        with self._failing("signing a URL for", cls=StorageError):
             credentials = self._client._request_signer._credentials.get_frozen_credentials()
             return sigv4.presign(
                 method,
@@ -599,10 +566,29 @@ class S3Bucket:
                 expires=expires,
                 params=params,
             )
-        except Exception as e:
-            self._raise(e, "signing a URL for", cls=StorageError)
 
     # ------------------------------------------------------------------------ errors
+
+    @contextlib.contextmanager
+    def _failing(
+        self,
+        doing: str,
+        *,
+        missing: str | None = None,
+        cls: type[StorageError] = SetupFailed,
+        unless: Callable[[bex.ClientError], bool] = lambda e: False,
+    ) -> Iterator[Answer[bex.ClientError]]:
+        """Any error of the block as the project's ``cls`` (``_raise``), except an S3
+        answer ``unless`` picks: that one is left in the yielded ``Answer`` for the caller."""
+        answer: Answer[bex.ClientError] = Answer()
+        try:
+            yield answer
+        except bex.ClientError as e:
+            if not unless(e):
+                self._raise(e, doing, missing=missing, cls=cls)
+            answer.error = e
+        except Exception as e:
+            self._raise(e, doing, missing=missing, cls=cls)
 
     def _raise(
         self,
@@ -618,6 +604,16 @@ class S3Bucket:
         what = f"{doing} S3 bucket {self.ref.bucket!r} at {self._where} failed"
         message = scrub(f"{what}: {_describe(e)}. {advice}", self.ref.secrets())
         raise cls(reason, message, retryable=retryable) from e
+
+
+def _codes(*codes: str) -> Callable[[bex.ClientError], bool]:
+    """An ``unless`` of ``_failing``: S3 answered one of ``codes``."""
+    return lambda e: _code(e) in codes
+
+
+def _statuses(*statuses: int) -> Callable[[bex.ClientError], bool]:
+    """An ``unless`` of ``_failing``: S3 answered one of the HTTP ``statuses``."""
+    return lambda e: _status(e) in statuses
 
 
 def _code(e: bex.ClientError) -> str:
