@@ -36,6 +36,7 @@ chromium:
 lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: deps
 	$(BIN)/mypy
@@ -72,7 +73,7 @@ dev-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python -m o41.testbed down --dir .dev; fi
 
 clean: dev-down
-	rm -rf .dev .pytest_cache .mypy_cache .ruff_cache test-artifacts
+	rm -rf .dev .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache test-artifacts
 
 # Regenerate the CRDs from o41/api.py, and the chart's copies (tests fail on drift).
 crds: deps
