@@ -80,12 +80,12 @@ def test_helm_lint_strict_passes() -> None:
     "sets",
     [
         (),
-        ("webhook.tls.certManager.enabled=true",),
+        ("admission.tls.certManager.enabled=true",),
         ("etcd.external.endpoints[0]=http://etcd.db.svc:2379",),
         (
             "metrics.serviceMonitor.enabled=true",
             "networkPolicy.metrics.from[0].namespaceSelector.matchLabels.team=monitoring",
-            "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/28",
+            "networkPolicy.admission.from[0].ipBlock.cidr=10.0.0.0/28",
             "networkPolicy.placement.from[0].namespaceSelector.matchLabels.o41=jobs",
         ),
         (
@@ -169,9 +169,30 @@ def test_schema_refuses_a_wrong_type_naming_what_it_wanted() -> None:
 
 
 def test_schema_refuses_a_value_outside_its_enum() -> None:
-    done = run_helm("template", "o41", str(CHART), "--set", "webhook.failurePolicy=Maybe")
+    done = run_helm("template", "o41", str(CHART), "--set", "admission.failurePolicy=Maybe")
     assert done.returncode != 0
-    assert "/webhook/failurePolicy" in done.stderr
+    assert "/admission/failurePolicy" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("webhook.failurePolicy=Ignore", "set admission.* instead of webhook.*"),
+        ("webhook.tls.certManager.enabled=true", "set admission.* instead of webhook.*"),
+        (
+            "networkPolicy.webhook.from=null",
+            "set networkPolicy.admission.from instead of networkPolicy.webhook.from",
+        ),
+    ],
+)
+def test_the_old_webhook_key_is_refused_naming_admission(old: str, new: str) -> None:
+    """The admission webhook's values moved from ``webhook`` (beside ``placement``, the
+    placement service, which confused the two) to ``admission``: the old key fails loudly
+    with the new name instead of being ignored."""
+    done = run_helm("template", "o41", str(CHART), "--set", old)
+    assert done.returncode != 0
+    assert new in done.stderr, done.stderr
+    assert "renamed" in done.stderr
 
 
 # --- the templates -----------------------------------------------------------------------
@@ -425,7 +446,7 @@ def test_generated_ca_signs_the_serving_certificate_for_the_service_name() -> No
 
 
 def test_cert_manager_switch_issues_the_certificate_and_injects_the_ca() -> None:
-    docs = render("webhook.tls.certManager.enabled=true")
+    docs = render("admission.tls.certManager.enabled=true")
     assert not [
         d for d in docs if d["metadata"]["name"].endswith("-webhook-tls") and d["kind"] == "Secret"
     ]
@@ -444,9 +465,9 @@ def test_cert_manager_switch_issues_the_certificate_and_injects_the_ca() -> None
     assert tls["secret"]["secretName"] == cert["spec"]["secretName"]
     # an issuer of the user's: no Issuer of ours
     docs = render(
-        "webhook.tls.certManager.enabled=true",
-        "webhook.tls.certManager.issuerRef.name=corp-ca",
-        "webhook.tls.certManager.issuerRef.kind=ClusterIssuer",
+        "admission.tls.certManager.enabled=true",
+        "admission.tls.certManager.issuerRef.name=corp-ca",
+        "admission.tls.certManager.issuerRef.kind=ClusterIssuer",
     )
     assert "Issuer" not in kinds(docs)
     assert find(docs, "Certificate")["spec"]["issuerRef"] == {
@@ -830,7 +851,7 @@ def test_network_policies_let_in_the_scrapers_and_the_peers_you_name() -> None:
     done = run_helm(
         "template", "o41", str(CHART), "--namespace", NAMESPACE,
         "--set-json", f"networkPolicy.metrics.from={json.dumps([monitoring])}",
-        "--set-json", f"networkPolicy.webhook.from={json.dumps([control_plane])}",
+        "--set-json", f"networkPolicy.admission.from={json.dumps([control_plane])}",
         "--set-json", f"networkPolicy.placement.from={json.dumps([jobs])}",
         "--set", "metrics.serviceMonitor.enabled=true",
     )  # fmt: skip

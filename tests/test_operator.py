@@ -260,6 +260,28 @@ def test_retiring_the_fallback_is_refused_and_others_retire(cluster: Cluster) ->
     assert "is retired: pick an active Location" in done.stderr
 
 
+def test_a_retired_locations_cloud_default_leaves_the_organizations_status(
+    cluster: Cluster,
+) -> None:
+    """Status is replaced, not merged: the only gcp location retired, gcp has no default
+    any more, and `kubectl get organization -o yaml` no longer names it."""
+    org, aws, gcp = unique("org"), unique("aws"), unique("gcp")
+    cluster.organization(org)
+    cluster.location(aws, org)
+    cluster.ready(aws)
+    cluster.location(gcp, org, kind="gcs")
+    cluster.ready(gcp)
+    org_status(cluster, org, fallback=aws, cloudDefaults={"aws": aws, "gcp": gcp})
+
+    done = cluster.run("patch", "location", gcp, "--type=merge", "-p", '{"spec":{"retired":true}}')
+    assert done.returncode == 0, done.stderr
+    status = org_status(cluster, org, cloudDefaults={"aws": aws})
+    assert status["fallback"] == aws
+    shown = cluster.run("get", "organization", org, "-o", "yaml")
+    assert gcp not in shown.stdout
+    wait_for(lambda: cluster.columns("location", gcp)["ROLE"] == "", 30, "gcp lost its role")
+
+
 def test_deleting_a_ready_location_is_refused_with_what_to_do(cluster: Cluster) -> None:
     org, loc = unique("org"), unique("aws")
     cluster.organization(org)

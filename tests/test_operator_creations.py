@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 
 from o41.location_record import LocationRecord
-from o41.operator import handlers
+from o41.operator.buckets import RecordCreations
 from o41.operator.cluster import Cluster
 from o41.operator.records import Records
 from o41.storage import SetupFailed
@@ -17,21 +17,21 @@ from o41.testbed.process import LOOPBACK, free_port
 
 
 @pytest.fixture
-def api_server_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operator's cluster client, pointed at a loopback port where nothing listens."""
+def api_server_away() -> Records:
+    """The operator's records, through a cluster client pointed at a loopback port where
+    nothing listens."""
     config = client.Configuration()
     config.host = f"http://{LOOPBACK}:{free_port()}"
     config.retries = 0
     away = Cluster("o41-system")
     away.__dict__["_api"] = client.ApiClient(config)  # the cached client
-    monkeypatch.setattr(handlers, "_cluster", away)
-    monkeypatch.setattr(handlers, "_records", Records(away))
+    return Records(away)
 
 
 def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
-    api_server_away: None,
+    api_server_away: Records,
 ) -> None:
-    creations = handlers.RecordCreations(LocationRecord("uid-1", "aws-east"))
+    creations = RecordCreations(api_server_away, LocationRecord("uid-1", "aws-east"))
     with pytest.raises(SetupFailed) as failed:
         creations.record("o41-aws-east-0123")
     assert failed.value.reason == "RecordNotWritten"
@@ -41,11 +41,11 @@ def test_a_creation_the_api_server_cannot_record_is_a_retryable_failure(
     assert not creations.recorded("o41-aws-east-0123")
 
 
-def test_a_recorded_creation_is_not_written_again(api_server_away: None) -> None:
+def test_a_recorded_creation_is_not_written_again(api_server_away: Records) -> None:
     """The resumed setup finds its record and sends no second patch (which would fail
     here)."""
     record = LocationRecord("uid-1", "aws-east", creating_bucket="o41-aws-east-0123")
-    creations = handlers.RecordCreations(record)
+    creations = RecordCreations(api_server_away, record)
     creations.record("o41-aws-east-0123")
     assert creations.recorded("o41-aws-east-0123")
     assert not creations.recorded("o41-aws-east-4567")

@@ -105,7 +105,7 @@ class Location:
 def read_location(obj: Mapping[str, Any], record: LocationRecord | None = None) -> Location:
     """The Location in a Kubernetes object (a watch event's, kopf's body, a test's dict)."""
     meta = obj["metadata"]
-    spec = LocationSpec.model_validate(obj.get("spec") or {})
+    spec = LocationSpec.model_validate(dict(obj.get("spec") or {}))  # kopf's views too
     status = obj.get("status") or {}
     location = Location(
         name=str(meta["name"]),
@@ -125,10 +125,3 @@ def condition(status: Mapping[str, Any] | None, kind: str = "Ready") -> Mapping[
         if c.get("type") == kind:
             return dict(c)
     return {}
-
-
-def bucket_ref(
-    name: str, uid: str, spec: Mapping[str, Any], credentials: Mapping[str, str] | None
-) -> BucketRef:
-    """The bucket of a Location given as its parts (the operator's handlers' arguments)."""
-    return read_location({"metadata": {"name": name, "uid": uid}, "spec": spec}).bucket(credentials)

@@ -2,7 +2,8 @@
 
 CEL in the CRDs checks what one object can check alone (immutable cloud, region, backend);
 these checks need other objects (the fallback in force, the Locations a pick names) or act
-on DELETE, which CEL cannot. Every refusal says what to do instead.
+on DELETE, which CEL cannot. Every refusal says what to do instead. What a change brings
+into play is decided in the core (``o41.core.admission``); these handlers gather the facts.
 
 No rule here decides from a field a user can write: whether a location ever became Ready
 or its setup failed comes from the operator's record (a ConfigMap only the operator
@@ -17,47 +18,28 @@ from typing import Any
 import kopf
 
 from o41.api import GROUP, VERSION
+from o41.core.admission import check_pick_change, check_retire_change
 from o41.core.organization import (
     Effective,
-    LocationFacts,
     Picks,
     Refused,
     check_delete,
     check_organization_delete,
-    check_picks,
-    check_retire,
-    effective,
 )
-from o41.operator.handlers import cluster, entries_of, one, records, with_record
-from o41.operator.model import LocationEntry, OrganizationEntry, in_order, location_facts
+from o41.locations import read_location
+from o41.operator.index import (
+    LocationsIndex,
+    OrganizationsIndex,
+    locations_of,
+    named,
+    one,
+)
+from o41.operator.model import in_order, picks_of
+from o41.operator.state import shared
 
 
 def _refuse(e: Refused) -> kopf.AdmissionError:
     return kopf.AdmissionError(str(e), code=422)
-
-
-@kopf.on.validate(GROUP, VERSION, "locations", id="location-rules", operations=["UPDATE"])  # type: ignore[arg-type]
-def refuse_retiring_the_fallback(
-    name: str,
-    spec: kopf.Spec,
-    old: Any,
-    locations_by_name: kopf.Index[str, LocationEntry],
-    organizations_by_name: kopf.Index[str, OrganizationEntry],
-    **_: Any,
-) -> None:
-    was_retired = bool((old or {}).get("spec", {}).get("retired", False))
-    if not spec.get("retired") or was_retired:
-        return
-    org = spec.get("organization", "")
-    entry: OrganizationEntry | None = one(organizations_by_name, org)
-    picks, shown = (entry.picks, entry.in_force) if entry else (Picks(), Effective())
-    in_force = effective(in_order(entries_of(locations_by_name, org)), picks, shown)
-    try:
-        check_retire(name, org, in_force)
-        if shown.fallback not in (None, in_force.fallback):
-            check_retire(name, org, shown)  # what the user sees in status counts too
-    except Refused as e:
-        raise _refuse(e) from None
 
 
 def _unavailable(what: str, e: Exception) -> kopf.AdmissionError:
@@ -68,26 +50,55 @@ def _unavailable(what: str, e: Exception) -> kopf.AdmissionError:
     )
 
 
+@kopf.on.validate(GROUP, VERSION, "locations", id="location-rules", operations=["UPDATE"])  # type: ignore[arg-type]
+def refuse_retiring_the_fallback(
+    name: str,
+    spec: kopf.Spec,
+    old: Any,
+    memo: kopf.Memo,
+    locations_by_organization: LocationsIndex,
+    organizations_by_name: OrganizationsIndex,
+    **_: Any,
+) -> None:
+    org = str(spec.get("organization", ""))
+    entry = one(organizations_by_name, org)
+    try:
+        check_retire_change(
+            name,
+            org,
+            was_retired=bool(((old or {}).get("spec") or {}).get("retired", False)),
+            retired=bool(spec.get("retired", False)),
+            locations=in_order(locations_of(locations_by_organization, org, shared(memo).records)),
+            picks=entry.picks if entry else Picks(),
+            shown=entry.in_force if entry else Effective(),
+        )
+    except Refused as e:
+        raise _refuse(e) from None
+
+
 @kopf.on.validate(GROUP, VERSION, "locations", id="location-delete", operations=["DELETE"])
 async def refuse_deleting_a_used_location(
-    name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+    name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     """From the operator's record, read now: status could say anything."""
+    records = shared(memo).records
     try:
-        record = await asyncio.to_thread(records().read, str(meta.get("uid", "")))
+        record = await asyncio.to_thread(records.read, str(body["metadata"].get("uid", "")))
     except Exception as e:
         raise _unavailable(f"the operator's record of location {name!r}", e) from None
     try:
-        check_delete(location_facts(name, spec, record))
+        check_delete(read_location(body, record).facts)
     except Refused as e:
         raise _refuse(e) from None
 
 
 @kopf.on.validate(GROUP, VERSION, "organizations", id="organization-delete", operations=["DELETE"])
-async def refuse_deleting_an_organization_with_locations(name: str, **_: Any) -> None:
+async def refuse_deleting_an_organization_with_locations(
+    name: str, memo: kopf.Memo, **_: Any
+) -> None:
     """Its Locations, listed now (a cached index could miss one just created)."""
     try:
-        every = await asyncio.to_thread(cluster().list_locations)
+        every = await asyncio.to_thread(shared(memo).cluster.list_locations)
     except Exception as e:
         raise _unavailable("the Locations", e) from None
     mine = [
@@ -108,25 +119,15 @@ def refuse_unusable_picks(
     name: str,
     spec: kopf.Spec,
     old: Any,
-    locations_by_name: kopf.Index[str, LocationEntry],
+    memo: kopf.Memo,
+    locations_by_name: LocationsIndex,
     **_: Any,
 ) -> None:
-    """Only what the change picks is checked: editing the namespaces of an organization
-    whose default later broke must still work."""
-    before = (old or {}).get("spec") or {}
-    fallback = spec.get("fallback")
-    defaults = dict(spec.get("cloudDefaults") or {})
-    old_defaults = dict(before.get("cloudDefaults") or {})
-    picks = Picks(
-        fallback if fallback != before.get("fallback") else None,
-        {cloud: loc for cloud, loc in defaults.items() if old_defaults.get(cloud) != loc},
-    )
-    known: dict[str, tuple[str, LocationFacts]] = {
-        key: (e.organization, with_record(e).facts)
-        for key in locations_by_name
-        for e in locations_by_name[key]
-    }
+    """Only what the change picks is checked (``o41.core.admission.picks_made``)."""
+    new = picks_of(spec)
+    before = picks_of((old or {}).get("spec")) if old else None
+    names = [n for n in (new.fallback, *new.cloud_defaults.values()) if n is not None]
     try:
-        check_picks(name, picks, known)
+        check_pick_change(name, new, before, named(locations_by_name, names, shared(memo).records))
     except Refused as e:
         raise _refuse(e) from None

@@ -6,25 +6,14 @@ Plain functions of dicts: the kopf handlers call them, tests call them without a
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from o41.core.organization import Effective, LocationFacts, Picks
-from o41.location_record import LocationRecord
+from o41.locations import Location
 
 Body = Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class LocationEntry:
-    """One Location as the operator's index keeps it."""
-
-    organization: str
-    created: str  # creationTimestamp: orders "the first location added"
-    facts: LocationFacts
-    uid: str = ""
-    role: str = ""  # as its status shows it now
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,48 +27,10 @@ class OrganizationEntry:
     ref: Mapping[str, Any]  # enough of the body to post Events on it
 
 
-def condition_status(status: Body | None, kind: str = "Ready") -> str | None:
-    for c in (status or {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return str(c.get("status"))
-    return None
-
-
-def recorded(facts: LocationFacts, record: LocationRecord | None) -> LocationFacts:
-    """The facts with what the operator's record says (never what status says, which users
-    with RBAC on locations/status can write). No record: neither Ready nor unfinished."""
-    return replace(
-        facts,
-        ready=record is not None and record.takes_writes,
-        unfinished=record is not None and record.unfinished,
-        ever_ready=record is not None and record.ever_ready,
-    )
-
-
-def location_facts(name: str, spec: Body, record: LocationRecord | None) -> LocationFacts:
-    """What the rules know of a location: its spec, and the operator's record of it."""
-    return recorded(
-        LocationFacts(
-            name=name,
-            cloud=str(spec.get("cloud", "")),
-            region=str(spec.get("region", "")),
-            retired=bool(spec.get("retired", False)),
-        ),
-        record,
-    )
-
-
-def location_entry(name: str, meta: Body, spec: Body, status: Body | None) -> LocationEntry:
-    """The index's entry; its facts carry no record yet (``recorded`` adds it when the
-    rules run, so a record written since the last event counts)."""
-    status = status or {}
-    return LocationEntry(
-        organization=str(spec.get("organization", "")),
-        created=str(meta.get("creationTimestamp")),
-        facts=location_facts(name, spec, None),
-        uid=str(meta.get("uid", "")),
-        role=str(status.get("role") or ""),
-    )
+def picks_of(spec: Body | None) -> Picks:
+    """What an Organization's spec picks."""
+    spec = spec or {}
+    return Picks(spec.get("fallback"), dict(spec.get("cloudDefaults") or {}))
 
 
 def organization_entry(body: Body) -> OrganizationEntry:
@@ -87,7 +38,7 @@ def organization_entry(body: Body) -> OrganizationEntry:
     return OrganizationEntry(
         name=meta["name"],
         uid=meta.get("uid", ""),
-        picks=Picks(spec.get("fallback"), dict(spec.get("cloudDefaults") or {})),
+        picks=picks_of(spec),
         in_force=Effective(
             status.get("fallback"),
             dict(status.get("cloudDefaults") or {}),
@@ -103,9 +54,9 @@ def organization_entry(body: Body) -> OrganizationEntry:
     )
 
 
-def in_order(entries: Sequence[LocationEntry]) -> list[LocationFacts]:
+def in_order(locations: Iterable[Location]) -> list[LocationFacts]:
     """Facts in the order the locations were added (creation time, then name)."""
-    return [e.facts for e in sorted(entries, key=lambda e: (e.created, e.facts.name))]
+    return [loc.facts for loc in sorted(locations, key=lambda loc: (loc.created, loc.name))]
 
 
 def role(name: str, in_force: Effective) -> str:
@@ -149,3 +100,40 @@ def with_condition(
     if generation is not None:
         mine["observedGeneration"] = generation
     return [*others, mine]
+
+
+def organization_status(
+    in_force: Effective,
+    locations: int,
+    conditions: Sequence[Mapping[str, Any]],
+    *,
+    clouds: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The Organization's status as a merge patch that replaces what it showed: a cloud
+    without a default any more (its only location retired or unfinished) is set to None,
+    which a JSON merge patch deletes. ``clouds``: every cloud it may show a default for
+    (those of its locations, and those its status shows now)."""
+    if in_force.takes_writes:
+        reason, message = "FallbackReady", f"takes writes; fallback is {in_force.fallback!r}"
+    elif in_force.fallback is None:
+        reason = "NoFallback"
+        message = "no location yet, so no writes: add a Location to this organization"
+    else:
+        reason = "FallbackNotReady"
+        message = f"the fallback {in_force.fallback!r} is not Ready yet, so no writes"
+    defaults: dict[str, str | None] = dict.fromkeys(clouds)
+    defaults.update(in_force.cloud_defaults)
+    return {
+        "fallback": in_force.fallback,
+        "cloudDefaults": (defaults if in_force.cloud_defaults else None),
+        "takesWrites": in_force.takes_writes,
+        "locations": locations,
+        "conditions": with_condition(
+            conditions,
+            kind="Ready",
+            status=in_force.takes_writes,
+            reason=reason,
+            message=message,
+            generation=None,
+        ),
+    }

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from o41.location_record import SELECTOR, LocationRecord, parse, record_name
+from o41.locations import condition
 from o41.operator.cluster import Cluster
-from o41.operator.model import condition_status, now
+from o41.operator.model import now
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,6 @@ class Records:
 def _ready_before(status: Mapping[str, Any]) -> str | None:
     if status.get("readySince"):
         return str(status["readySince"])
-    if condition_status(status) == "True" or int(status.get("versions") or 0) > 0:
+    if condition(status).get("status") == "True" or int(status.get("versions") or 0) > 0:
         return now()
     return None

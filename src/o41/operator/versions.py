@@ -22,15 +22,23 @@ INTERVAL = float(os.environ.get("O41_COUNTS_INTERVAL", "5"))
 
 log = logging.getLogger(__name__)
 
-_shown: dict[str, int] = {}  # Location name -> status.versions as its last event showed
 
+class ShownCounts:
+    """Each Location's ``status.versions`` as its last event showed it (kept in kopf's
+    memo, set up at start-up), so only a count that changed is patched."""
 
-def seen(name: str, status: Mapping[str, Any]) -> None:
-    _shown[name] = int(status.get("versions") or 0)
+    def __init__(self) -> None:
+        self._shown: dict[str, int] = {}
 
+    def seen(self, name: str, status: Mapping[str, Any]) -> None:
+        self._shown[name] = int(status.get("versions") or 0)
 
-def forget(name: str) -> None:
-    _shown.pop(name, None)
+    def forget(self, name: str) -> None:
+        self._shown.pop(name, None)
+
+    def changed(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """The totals of known Locations that differ from what their status shows."""
+        return {n: t for n, t in counts.items() if n in self._shown and self._shown[n] != t}
 
 
 def counts_of(configmap: Mapping[str, Any] | None) -> dict[str, int]:
@@ -39,22 +47,20 @@ def counts_of(configmap: Mapping[str, Any] | None) -> dict[str, int]:
     return {name: int(raw) for name, raw in data.items() if raw.isdigit() and len(raw) < 19}
 
 
-async def copy_once(cluster: Cluster) -> int:
+async def copy_once(cluster: Cluster, shown: ShownCounts) -> int:
     """Patch the status of every known Location whose count changed; how many."""
     counts = counts_of(await asyncio.to_thread(cluster.read_configmap, COUNTS))
-    patched = 0
-    for name, total in counts.items():
-        if name in _shown and _shown[name] != total:
-            await asyncio.to_thread(cluster.patch_status, "locations", name, {"versions": total})
-            _shown[name] = total
-            patched += 1
-    return patched
+    changed = shown.changed(counts)
+    for name, total in changed.items():
+        await asyncio.to_thread(cluster.patch_status, "locations", name, {"versions": total})
+        shown.seen(name, {"versions": total})
+    return len(changed)
 
 
-async def copy_counts(cluster: Cluster, interval: float) -> None:
+async def copy_counts(cluster: Cluster, shown: ShownCounts, interval: float) -> None:
     while True:
         try:
-            await copy_once(cluster)
+            await copy_once(cluster, shown)
         except Exception as e:  # the API server is away: the next round copies them
             log.warning("version counts not copied into status: %s", e)
         await asyncio.sleep(interval)

@@ -1,0 +1,192 @@
+"""What the admission webhook checks of a change, without any cluster: examples, and
+hypothesis properties (``o41.core.admission``)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from o41.core.admission import check_pick_change, check_retire_change, picks_made, retiring
+from o41.core.organization import Effective, LocationFacts, Picks, Refused, effective
+
+
+def loc(name: str, cloud: str = "aws", region: str = "us-east-1", **kw: bool) -> LocationFacts:
+    kw.setdefault("ready", True)
+    return LocationFacts(name, cloud, region, **kw)
+
+
+# --- only the picks a change makes ---------------------------------------------------------
+
+
+def test_a_creation_makes_all_its_picks() -> None:
+    new = Picks("a", {"aws": "a", "gcp": "g"})
+    assert picks_made(new, None) == new
+
+
+def test_an_edit_that_picks_nothing_new_makes_no_pick() -> None:
+    old = Picks("a", {"aws": "a"})
+    assert picks_made(Picks("a", {"aws": "a"}), old) == Picks(None, {})
+
+
+def test_only_the_changed_fallback_and_defaults_are_picks() -> None:
+    old = Picks("a", {"aws": "a", "gcp": "g"})
+    made = picks_made(Picks("b", {"aws": "a", "gcp": "h", "azure": "z"}), old)
+    assert made == Picks("b", {"gcp": "h", "azure": "z"})
+
+
+def test_editing_an_organization_whose_default_broke_still_works() -> None:
+    """Its cloud default later became not Ready: a change of something else (its
+    namespaces) leaves the picks alone, so it is not refused."""
+    picks = Picks("a", {"gcp": "g"})
+    known = {"a": ("ml", loc("a")), "g": ("ml", loc("g", "gcp", "us-central1", ready=False))}
+    check_pick_change("ml", picks, picks, known)
+    with pytest.raises(Refused, match="is not Ready"):
+        check_pick_change("ml", picks, Picks("a", {}), known)  # picking it again is checked
+
+
+def test_a_new_pick_of_a_missing_location_is_refused_naming_it() -> None:
+    with pytest.raises(Refused, match="'nowhere' does not exist"):
+        check_pick_change("ml", Picks("nowhere"), Picks("a"), {"a": ("ml", loc("a"))})
+
+
+# --- the fallback in force and the one shown are protected --------------------------------
+
+
+def test_retiring_the_fallback_in_force_is_refused() -> None:
+    with pytest.raises(Refused, match="make another location the fallback first"):
+        check_retire_change(
+            "a",
+            "ml",
+            was_retired=False,
+            retired=True,
+            locations=[loc("a"), loc("b")],
+            picks=Picks(),
+            shown=Effective(),
+        )
+
+
+def test_retiring_the_fallback_status_shows_is_refused_while_the_operator_catches_up() -> None:
+    """The user picked b; status still shows a (the operator has not caught up): a stays
+    protected until status shows the change."""
+    with pytest.raises(Refused, match="'a' is the fallback"):
+        check_retire_change(
+            "a",
+            "ml",
+            was_retired=False,
+            retired=True,
+            locations=[loc("a"), loc("b")],
+            picks=Picks("b"),
+            shown=Effective("a", {"aws": "a"}, True),
+        )
+
+
+def test_retiring_another_location_or_a_retired_one_again_passes() -> None:
+    kw = {"locations": [loc("a"), loc("b")], "picks": Picks(), "shown": Effective("a")}
+    check_retire_change("b", "ml", was_retired=False, retired=True, **kw)  # type: ignore[arg-type]
+    check_retire_change("a", "ml", was_retired=True, retired=True, **kw)  # type: ignore[arg-type]
+    check_retire_change("a", "ml", was_retired=False, retired=False, **kw)  # type: ignore[arg-type]
+
+
+# --- properties ---------------------------------------------------------------------------
+
+NAMES = [f"l{i}" for i in range(6)]
+CLOUDS = ["aws", "gcp", "r2"]
+names = st.none() | st.sampled_from(NAMES)
+picks = st.builds(
+    Picks,
+    fallback=names,
+    cloud_defaults=st.dictionaries(st.sampled_from(CLOUDS), st.sampled_from(NAMES)),
+)
+facts = st.builds(
+    LocationFacts,
+    name=st.sampled_from(NAMES),
+    cloud=st.sampled_from(CLOUDS),
+    region=st.just("r1"),
+    retired=st.booleans(),
+    ready=st.booleans(),
+    unfinished=st.booleans(),
+)
+
+
+@given(new=picks, old=st.none() | picks)
+def test_picks_made_are_exactly_what_changed(new: Picks, old: Picks | None) -> None:
+    made = picks_made(new, old)
+    before = old or Picks()
+    assert made.fallback == (new.fallback if new.fallback != before.fallback else None)
+    for cloud, name in new.cloud_defaults.items():
+        assert (cloud in made.cloud_defaults) == (before.cloud_defaults.get(cloud) != name)
+    assert set(made.cloud_defaults) <= set(new.cloud_defaults)
+    assert picks_made(new, new) == Picks(None, {})  # no change, nothing to check
+
+
+@given(
+    new=picks,
+    old=picks,
+    locations=st.lists(facts, max_size=6, unique_by=lambda f: f.name),
+    organizations=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(["ml", "other"])),
+)
+def test_a_change_is_refused_only_for_a_pick_it_makes(
+    new: Picks, old: Picks, locations: list[LocationFacts], organizations: dict[str, str]
+) -> None:
+    known = {f.name: (organizations.get(f.name, "ml"), f) for f in locations}
+    made = picks_made(new, old)
+    named = [n for n in (made.fallback, *made.cloud_defaults.values()) if n is not None]
+
+    def usable(name: str, cloud: str | None) -> bool:
+        found = known.get(name)
+        return (
+            found is not None
+            and found[0] == "ml"
+            and not found[1].retired
+            and found[1].ready
+            and (cloud is None or found[1].cloud == cloud)
+        )
+
+    fine = (made.fallback is None or usable(made.fallback, None)) and all(
+        usable(n, c) for c, n in made.cloud_defaults.items()
+    )
+    if fine:
+        check_pick_change("ml", new, old, known)
+        return
+    with pytest.raises(Refused) as refused:
+        check_pick_change("ml", new, old, known)
+    assert any(repr(n) in str(refused.value) for n in named)  # it names the pick refused
+
+
+@given(
+    locations=st.lists(facts, max_size=6, unique_by=lambda f: f.name),
+    chosen=picks,
+    shown_fallback=names,
+    name=st.sampled_from(NAMES),
+    was_retired=st.booleans(),
+    retired=st.booleans(),
+)
+def test_retiring_is_refused_exactly_for_the_fallback_in_force_or_shown(
+    locations: list[LocationFacts],
+    chosen: Picks,
+    shown_fallback: str | None,
+    name: str,
+    was_retired: bool,
+    retired: bool,
+) -> None:
+    shown = Effective(shown_fallback)
+    in_force = effective(locations, chosen, shown)
+    protected = name in {in_force.fallback, shown.fallback}
+
+    def check() -> None:
+        check_retire_change(
+            name,
+            "ml",
+            was_retired=was_retired,
+            retired=retired,
+            locations=locations,
+            picks=chosen,
+            shown=shown,
+        )
+
+    if not (retiring(was_retired, retired) and protected):
+        check()
+        return
+    with pytest.raises(Refused, match="make another location the fallback first"):
+        check()
