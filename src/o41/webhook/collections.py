@@ -157,6 +157,7 @@ def setup(app: web.Application, options: Options | None = None) -> None:
 
 
 async def handle(request: web.Request) -> web.Response:
+    """One operation, POSTed; refusals are answered by ``errors`` with their status."""
     body = await request.read()
     try:
         check_depth(body, what="the body")
@@ -166,23 +167,10 @@ async def handle(request: web.Request) -> web.Response:
     except (ValueError, UnicodeDecodeError):
         raise problem(400, "the body must be a JSON object of the operation's arguments") from None
     m = request.match_info
-    try:
-        result = await perform(
-            _engine(request),
-            auth.caller(request).namespace,
-            m["compute"],
-            m["kind"],
-            m["name"],
-            m["op"],
-            args,
-            request.app[COLLECTIONS].quota,
-            request[auth.CREDENTIAL].token,
-        )
-    except LimitReached as e:
-        retry = {} if e.retry_after is None else {"Retry-After": str(e.retry_after)}
-        raise problem(e.status, str(e), headers=retry) from None
-    except CollectionError as e:
-        raise problem(e.status, str(e)) from None
+    where = (m["compute"], m["kind"], m["name"], m["op"])
+    engine, quota = _engine(request), request.app[COLLECTIONS].quota
+    caller = auth.caller(request).namespace, request[auth.CREDENTIAL].token
+    result = await perform(engine, caller[0], *where, args, quota, caller[1])
     return web.json_response(result)
 
 
@@ -233,9 +221,6 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     """Operations over one WebSocket, one at a time, answered in order; see the module
     docstring for the messages and when the service closes it."""
     engine = _engine(request)
-    holder = request.app[COLLECTIONS]
-    credential = request[auth.CREDENTIAL]
-    who = auth.caller(request)
     ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False, autoping=True)
     if not ws.can_prepare(request).ok:
         raise problem(
@@ -244,39 +229,56 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             "one operation to /v1/collections/{compute}/{kind}/{name}/{op}",
         )
     await ws.prepare(request)
-    holder.sockets[ws] = checked = time.monotonic()
-    why, running = b"the service is shutting down: reconnect", False
-    try:
-        while not holder.closing:
-            message = await ws.receive()
-            if message.type is WSMsgType.BINARY:
-                await ws.close(
-                    code=WSCloseCode.UNSUPPORTED_DATA, message=b"send operations as JSON text"
-                )
-                break
-            if message.type is not WSMsgType.TEXT or ws.closed:
-                break  # closed by the client, broken, or closing: not run, the client resends
-            holder.sockets[ws], running = None, True  # nobody closes it until it answered
-            if time.monotonic() - checked > RECHECK:
-                if await _recheck(credential) != who:
-                    why, running = b"the token is no longer accepted: reconnect", False
-                    break
-                checked = time.monotonic()
-            answer = await _answer(engine, who.namespace, message.data, holder.quota, credential)
-            try:
-                await ws.send_str(answer)
-            except ConnectionError:
-                break  # the client went away while its operation ran
-            holder.sockets[ws], running = time.monotonic(), False
-    finally:
-        holder.sockets.pop(ws, None)
-        if ws.closed:
-            pass
-        elif running:  # cancelled during an operation (a shutdown that ran out of time)
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopped during the operation")
-        else:
-            await ws.close(code=RECONNECT, message=why)
+    session = _Session(engine, request.app[COLLECTIONS], request[auth.CREDENTIAL])
+    await session.serve(ws, auth.caller(request))
     return ws
+
+
+@dataclass
+class _Session:
+    """One WebSocket's operations: its token is checked again every ``RECHECK`` seconds,
+    and a shutdown closes it only between two operations (``holder.sockets``)."""
+
+    engine: Engine
+    holder: Collections
+    credential: auth.Credential
+
+    async def serve(self, ws: web.WebSocketResponse, who: auth.Caller) -> None:
+        holder = self.holder
+        holder.sockets[ws] = checked = time.monotonic()
+        why, running = b"the service is shutting down: reconnect", False
+        try:
+            while not holder.closing:
+                message = await ws.receive()
+                if message.type is WSMsgType.BINARY:
+                    await ws.close(
+                        code=WSCloseCode.UNSUPPORTED_DATA, message=b"send operations as JSON text"
+                    )
+                    break
+                if message.type is not WSMsgType.TEXT or ws.closed:
+                    break  # closed by the client, broken, or closing: not run, it resends
+                holder.sockets[ws], running = None, True  # nobody closes it until it answered
+                if time.monotonic() - checked > RECHECK:
+                    if await _recheck(self.credential) != who:
+                        why, running = b"the token is no longer accepted: reconnect", False
+                        break
+                    checked = time.monotonic()
+                answer = await _answer(
+                    self.engine, who.namespace, message.data, holder.quota, self.credential
+                )
+                try:
+                    await ws.send_str(answer)
+                except ConnectionError:
+                    break  # the client went away while its operation ran
+                holder.sockets[ws], running = time.monotonic(), False
+        finally:
+            holder.sockets.pop(ws, None)
+            if ws.closed:
+                pass
+            elif running:  # cancelled during an operation (a shutdown that ran out of time)
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopped during the operation")
+            else:
+                await ws.close(code=RECONNECT, message=why)
 
 
 async def _recheck(credential: auth.Credential) -> auth.Caller | None:
@@ -334,41 +336,38 @@ def _refusal(ident: object, status: int, error: str, retry_after: int | None = N
 async def usage(request: web.Request) -> web.Response:
     """``GET /v1/collections/usage``: the caller's namespace's collections (keys and values
     as etcd stores them), counted at most a second ago, with the limits that apply."""
-    holder = request.app[COLLECTIONS]
-    quota = holder.quota
+    quota = request.app[COLLECTIONS].quota
     if quota is None:
         raise problem(503, "the collections are starting: try again")
-    namespace = auth.caller(request).namespace
-    try:
-        quota.take(request[auth.CREDENTIAL].token, 0)
-    except LimitReached as e:
-        retry = {} if e.retry_after is None else {"Retry-After": str(e.retry_after)}
-        raise problem(e.status, str(e), headers=retry) from None
+    quota.take(request[auth.CREDENTIAL].token, 0)  # a rate refusal is errors' 429
+    return web.json_response(await namespace_usage(quota, auth.caller(request).namespace))
+
+
+async def namespace_usage(quota: Quota, namespace: str) -> dict[str, Any]:
+    """What ``namespace`` holds and the limits, from a count at most a second old."""
     found = quota.namespaces.get(namespace)
     if found is None or found.counted_at is None or time.monotonic() - found.counted_at > 1:
         found = await quota.count(namespace)  # at most one count a second: it reads it all
     if found.counted_at is None or time.monotonic() - found.counted_at > quota.limits.recount:
-        raise problem(503, "the state store cannot answer now: try again")
+        raise Unavailable("the state store cannot answer now: try again")
     limits = quota.limits
-    return web.json_response(
-        {
-            "namespace": namespace,
-            "bytes": found.bytes,
-            "entries": found.entries,
-            "counted": {  # the count alone; bytes and entries add this replica's writes since
-                "bytes": found.counted_bytes,
-                "entries": found.counted_entries,
-                "secondsAgo": round(time.monotonic() - found.counted_at, 3),
-            },
-            "limits": limits.public(),
-            "accuracy": (
-                "bytes and entries: keys and values as etcd stores them, counted at most 1 s "
-                "ago (plus this replica's writes since); the limits are checked per service "
-                f"replica against a count at most {limits.recount:g} s old plus that "
-                "replica's writes since"
-            ),
-        }
-    )
+    return {
+        "namespace": namespace,
+        "bytes": found.bytes,
+        "entries": found.entries,
+        "counted": {  # the count alone; bytes and entries add this replica's writes since
+            "bytes": found.counted_bytes,
+            "entries": found.counted_entries,
+            "secondsAgo": round(time.monotonic() - found.counted_at, 3),
+        },
+        "limits": limits.public(),
+        "accuracy": (
+            "bytes and entries: keys and values as etcd stores them, counted at most 1 s "
+            "ago (plus this replica's writes since); the limits are checked per service "
+            f"replica against a count at most {limits.recount:g} s old plus that "
+            "replica's writes since"
+        ),
+    }
 
 
 def _text(message: dict[str, Any], what: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from o41.collections.checks import CollectionError
 from o41.core.placement import PlacementRefused
 from o41.core.writes import CommitRefused, WriteRefused
 from o41.state import StoreUnavailable
@@ -110,6 +111,10 @@ def answer(e: Exception) -> web.HTTPException | None:
     """The HTTP answer to a failure of the service or of a rule, None for a bug."""
     if isinstance(e, StoreUnavailable):
         return problem(503, f"the state store is unavailable ({e}); retry shortly")
+    if isinstance(e, CollectionError):  # a collections refusal: its status, its words
+        retry_after: int | None = getattr(e, "retry_after", None)
+        retry = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        return problem(e.status, str(e), headers=retry)
     if isinstance(e, WriteRefused):
         return problem(400, str(e))
     if isinstance(e, PlacementRefused | CommitRefused):
