@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.traces.trace import Event, load  # noqa: E402
+
 from o41.core import usage  # noqa: E402
 from o41.core.advice import MONTH_HOURS, StoragePrices, best_net_location  # noqa: E402
-from o41.core.organization import Effective, LocationFacts, effective  # noqa: E402
+from o41.core.organization import LocationFacts, effective  # noqa: E402
 from o41.core.placement import place_write  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.core.usage import GB, PriceTable, Record  # noqa: E402
@@ -164,17 +165,12 @@ class Replay:
         return list(seen)
 
 
-def optimum(replay: Replay, candidates: Sequence[Region], prices: Prices) -> Cost:
+def optimum(replay: Replay, candidates: Sequence[Region], prices: Prices) -> dict[int, Region]:
     """(d): each version where it costs least, knowing the future."""
-    total = Cost()
-    for v in replay.versions:
-        total.add(
-            min(
-                (version_cost(v, at, replay.end, prices) for at in candidates),
-                key=lambda c: c.total,
-            )
-        )
-    return total
+    return {
+        index: min(candidates, key=lambda at: version_cost(v, at, replay.end, prices).total)
+        for index, v in enumerate(replay.versions)
+    }
 
 
 def hour_of(t: float) -> str:
@@ -247,9 +243,12 @@ def simulate(
     advice: Advice | None = None,
     every: float = 24.0,
     window: str = usage.DEFAULT_WINDOW,
-) -> tuple[Cost, Organization]:
+    writer_on_reads: bool = False,
+) -> tuple[dict[int, Region], Organization]:
     """(b), or (c) with ``advice``: each write placed by the core as it comes, the advice
-    re-run every ``every`` hours on the counters of the ``window`` before."""
+    re-run every ``every`` hours on the counters of the ``window`` before. Where each
+    version went, by index. ``writer_on_reads``: the read counters carry the version's
+    writer place (the service's do not, today)."""
     org = Organization(given)
     counters = Counters()
     at: dict[int, LocationFacts] = {}
@@ -277,8 +276,10 @@ def simulate(
             counters.add(e.time, "write", dims, versions=1, bytes=v.size)
         else:
             loc = at[index]
-            how_far = "local" if (loc.cloud, loc.region) == (e.cloud, e.region) else (
-                "cross-region" if loc.cloud == e.cloud else "cross-cloud"
+            how_far = (
+                "local"
+                if (loc.cloud, loc.region) == (e.cloud, e.region)
+                else ("cross-region" if loc.cloud == e.cloud else "cross-cloud")
             )
             dims = {
                 "cloud": e.cloud,
@@ -289,11 +290,20 @@ def simulate(
                 "locationCloud": loc.cloud,
                 "locationRegion": loc.region,
             }
+            if writer_on_reads:
+                dims |= {"writerCloud": v.writer[0], "writerRegion": v.writer[1]}
             counters.add(e.time, "read", dims, reads=1, bytes=v.size)
+    return {index: (loc.cloud, loc.region) for index, loc in at.items()}, org
+
+
+def cost_of(replay: Replay, at: dict[int, Region], prices: Prices, since: float = -1.0) -> Cost:
+    """What the versions written at ``since`` or later cost where ``at`` put them."""
     total = Cost()
-    for index, loc in at.items():
-        total.add(version_cost(replay.versions[index], (loc.cloud, loc.region), replay.end, prices))
-    return total, org
+    for index, where in at.items():
+        v = replay.versions[index]
+        if v.written >= since:
+            total.add(version_cost(v, where, replay.end, prices))
+    return total
 
 
 def page_advice(prices: Prices, window: str = usage.DEFAULT_WINDOW) -> Advice:
@@ -344,9 +354,11 @@ def region(text: str) -> Region:
 @dataclass
 class Result:
     name: str
-    costs: dict[str, Cost]
+    costs: dict[str, Cost]  # every version
+    steady: dict[str, Cost]  # the versions written after the advice's first look
     added: dict[str, list[tuple[str, Region]]]
     replay: Replay
+    every: float
 
 
 def run(
@@ -361,26 +373,28 @@ def run(
 ) -> Result:
     replay = Replay.of(events)
     held = held_hours if held_hours is not None else usage.WINDOWS[window]
-    single, _ = simulate(replay, given[:1], prices)
-    placed, _ = simulate(replay, given, prices)
-    advised, by_page = simulate(
-        replay, given, prices, advice=page_advice(prices, window), every=every, window=window
-    )
-    netted, by_net = simulate(
-        replay, given, prices, advice=net_advice(prices, held), every=every, window=window
-    )
-    bound = optimum(replay, replay.candidates(given), prices)
+    placed: dict[str, dict[int, Region]] = {}
+    added: dict[str, list[tuple[str, Region]]] = {}
+    placed["(a) single"], _ = simulate(replay, given[:1], prices)
+    placed["(b) placement"], _ = simulate(replay, given, prices)
+    for label, advice, writer in (
+        ("(c) page advice", page_advice(prices, window), False),
+        ("(c+) net advice", net_advice(prices, held), False),
+        ("(c++) net, writer", net_advice(prices, held), True),
+    ):
+        placed[label], org = simulate(
+            replay, given, prices, advice=advice, every=every, window=window, writer_on_reads=writer
+        )
+        added[label] = org.added
+    placed["(d) optimum"] = optimum(replay, replay.candidates(given), prices)
+    first_look = (replay.events[0].time if replay.events else 0.0) + every * 3600
     return Result(
         name,
-        {
-            "(a) single": single,
-            "(b) placement": placed,
-            "(c) advice": advised,
-            "(c+) net advice": netted,
-            "(d) optimum": bound,
-        },
-        {"(c) advice": by_page.added, "(c+) net advice": by_net.added},
+        {label: cost_of(replay, at, prices) for label, at in placed.items()},
+        {label: cost_of(replay, at, prices, first_look) for label, at in placed.items()},
+        added,
         replay,
+        every,
     )
 
 
@@ -389,23 +403,34 @@ def show(result: Result, currency: str) -> None:
     written = sum(v.size for v in r.versions)
     read = sum(v.size * n for v in r.versions for n in v.reads.values())
     print(
-        f"\n{result.name}: {len(r.events)} events, {len(r.versions)} versions, "
+        f"{result.name}: {len(r.events)} events, {len(r.versions)} versions, "
         f"{usage.human_bytes(written)} written, {usage.human_bytes(read)} read, "
         f"{(r.end - (r.events[0].time if r.events else 0)) / 86400:.1f} days"
         + (f", {r.unread} reads of nothing skipped" if r.unread else "")
     )
     bound = result.costs["(d) optimum"].total
-    print(f"  {'':18}{'total':>12}{'writes':>11}{'reads':>11}{'storage':>10}{'vs (d)':>9}")
+    steady_bound = result.steady["(d) optimum"].total
+    print(
+        f"  {'':19}{'total':>11}{'writes':>10}{'reads':>10}{'storage':>9}{'vs (d)':>9}"
+        f"   after {result.every:g} h{'vs (d)':>9}"
+    )
     for label, c in result.costs.items():
-        over = f"{(c.total / bound - 1) * 100:+.1f}%" if bound > 0 else "-"
+        later = result.steady[label]
         print(
-            f"  {label:18}{c.total:12,.2f}{c.writes:11,.2f}{c.reads:11,.2f}{c.storage:10,.2f}"
-            f"{over:>9}"
+            f"  {label:19}{c.total:11,.2f}{c.writes:10,.2f}{c.reads:10,.2f}{c.storage:9,.2f}"
+            f"{_over(c.total, bound):>9}   {later.total:10,.2f}"
+            f"{_over(later.total, steady_bound):>9}"
         )
-    for label, added in result.added.items():
-        shown = ", ".join(f"{c}/{g} ({h})" for h, (c, g) in added) or "none"
+    for label, places in result.added.items():
+        shown = ", ".join(f"{c}/{g} ({h})" for h, (c, g) in places) or "none"
         print(f"  {label} added: {shown}")
-    print(f"  ({currency})")
+    print(f"  ({currency}; 'after': the versions written after the advice's first look)")
+
+
+def _over(cost: float, bound: float) -> str:
+    if bound <= 0:
+        return "-"
+    return f"{(cost / bound - 1) * 100:+.1f}%"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -431,7 +456,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error("give --locations for your own traces")
         jobs = [(t, args.locations) for t in args.traces]
     else:
-        jobs = [(TRACES / n, args.locations or [region(g) for g in given]) for n, given in SHIPPED.items()]
+        jobs = [
+            (TRACES / n, args.locations or [region(g) for g in given])
+            for n, given in SHIPPED.items()
+        ]
     print(
         f"egress prices as of {prices.egress.as_of}, storage as of {prices.storage.as_of}; "
         f"advice every {args.every:g} h on the {args.window} window"
@@ -446,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             window=args.window,
             held_hours=args.held_hours,
         )
-        print(f"\nlocations given: {', '.join(f'{c}/{g}' for c, g in given)}", end="")
+        print(f"\nlocations given: {', '.join(f'{c}/{g}' for c, g in given)}")
         show(result, prices.egress.currency)
 
 

@@ -41,7 +41,7 @@ class Group:
     name: str
     place: str  # cloud:region of the writers
     jobs: int = 1
-    interval: float = 30.0  # minutes between checkpoints
+    interval: float = 60.0  # minutes between checkpoints
     size_gb: float = 2.0
     keep: int = 3
     milestone: int = 24  # every n-th checkpoint is never deleted (0: none)

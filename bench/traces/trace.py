@@ -109,8 +109,7 @@ def parse(rows: Iterable[list[str]], name: str = "the trace") -> list[Event]:
             continue
         if len(fields) != len(COLUMNS):
             raise TraceError(
-                f"{where}: {len(fields)} fields, expected {len(COLUMNS)} "
-                f"({','.join(COLUMNS)})"
+                f"{where}: {len(fields)} fields, expected {len(COLUMNS)} ({','.join(COLUMNS)})"
             )
         stamp, raw_op, region, key, size = fields
         if raw_op.lower() not in OPS:

@@ -14,9 +14,16 @@ cost_replay.py shows both):
 This ranks every known region without a location by what adding a location there would
 have changed over the window's counters: each writer place is placed again with the
 candidate among the locations (the same :func:`o41.core.placement.place_write`), the bytes
-it moves change their write egress, the reads of the location they leave follow them in
-proportion to the bytes each writer put there, and their storage is priced where they
-would lie. Pure: records, prices and the organization's locations in; numbers out.
+it moves change their write egress, the reads of the versions they were follow them, and
+their storage is priced where they would lie. Pure: records, prices and the organization's
+locations in; numbers out.
+
+Which reads follow: a read counter with the version's writer place (dims ``writerCloud``
+and ``writerRegion``; a version record holds its writer's place) goes with that writer's
+bytes exactly. The service's read counters do not carry it today: then a location's reads
+are shared among the places that wrote to it in proportion to their bytes, which is wrong
+when one writer's versions are read far more than another's (bench/cost_replay.py, trace
+remote-eval, shows how much).
 """
 
 from __future__ import annotations
@@ -95,7 +102,9 @@ def rank_new_locations(
     # bytes each writer place put in each location, and each location's read bytes by reader
     written: dict[tuple[Place, str], int] = {}
     into: dict[str, int] = {}
-    reads: dict[str, dict[tuple[str | None, str | None], int]] = {}
+    reads: dict[str, dict[tuple[str | None, str | None], int]] = {}  # not attributed
+    # attributed: (writer cloud, writer region, location) -> reader -> bytes
+    reads_of: dict[tuple[str, str, str], dict[tuple[str | None, str | None], int]] = {}
     regions: set[tuple[str, str]] = set()
     for r in records:
         cloud, region = r.dim("cloud"), r.dim("region")
@@ -111,8 +120,12 @@ def rank_new_locations(
             written[(place, location)] = written.get((place, location), 0) + r.count("bytes")
             into[location] = into.get(location, 0) + r.count("bytes")
         elif r.kind == "read":
-            readers = reads.setdefault(location, {})
             reader = (cloud, region if cloud else None)
+            by_cloud, by_region = r.dim("writerCloud"), r.dim("writerRegion")
+            if by_cloud is not None and by_region is not None:
+                readers = reads_of.setdefault((by_cloud, by_region, location), {})
+            else:
+                readers = reads.setdefault(location, {})
             readers[reader] = readers.get(reader, 0) + r.count("bytes")
     taken = {(loc.cloud, loc.region) for loc in locations if loc.writable}
     months = held_hours / MONTH_HOURS
@@ -147,10 +160,19 @@ def rank_new_locations(
             )
             saved_storage += gb * months * (storage.of(old.cloud) - storage.of(cloud))
             share = size / into[old_name] if into.get(old_name) else 0.0
-            for (reader_cloud, reader_region), read_bytes in reads.get(old_name, {}).items():
+            followed = [(b * share, reader) for reader, b in reads.get(old_name, {}).items()]
+            if place.cloud is not None and place.region is not None:
+                exact = reads_of.get((place.cloud, place.region, old_name), {})
+                # a place's sources share its region's attributed reads by their bytes
+                region_share = size / sum(
+                    n
+                    for (p, name), n in written.items()
+                    if name == old_name and (p.cloud, p.region) == (place.cloud, place.region)
+                )
+                followed += [(b * region_share, reader) for reader, b in exact.items()]
+            for read_bytes, (reader_cloud, reader_region) in followed:
                 saved_reads += (
                     read_bytes
-                    * share
                     / GB
                     * (
                         prices.per_gb(old.cloud, old.region, reader_cloud, reader_region)
