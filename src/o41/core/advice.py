@@ -164,11 +164,12 @@ def rank_new_locations(
             if place.cloud is not None and place.region is not None:
                 exact = reads_of.get((place.cloud, place.region, old_name), {})
                 # a place's sources share its region's attributed reads by their bytes
-                region_share = size / sum(
+                of_region = sum(
                     n
                     for (p, name), n in written.items()
                     if name == old_name and (p.cloud, p.region) == (place.cloud, place.region)
                 )
+                region_share = size / of_region if of_region else 0.0
                 followed += [(b * region_share, reader) for reader, b in exact.items()]
             for read_bytes, (reader_cloud, reader_region) in followed:
                 saved_reads += (
