@@ -359,6 +359,7 @@ class Result:
     added: dict[str, list[tuple[str, Region]]]
     replay: Replay
     every: float
+    placed: dict[str, dict[int, Region]]
 
 
 def run(
@@ -395,6 +396,7 @@ def run(
         added,
         replay,
         every,
+        placed,
     )
 
 
@@ -411,19 +413,26 @@ def show(result: Result, currency: str) -> None:
     bound = result.costs["(d) optimum"].total
     steady_bound = result.steady["(d) optimum"].total
     print(
-        f"  {'':19}{'total':>11}{'writes':>10}{'reads':>10}{'storage':>9}{'vs (d)':>9}"
-        f"   after {result.every:g} h{'vs (d)':>9}"
+        f"  {'':19}{'total':>11}{'writes':>10}{'reads':>10}{'storage':>9}{'vs (d)':>11}"
+        f"   after {result.every:g} h{'vs (d)':>11}"
     )
     for label, c in result.costs.items():
         later = result.steady[label]
         print(
             f"  {label:19}{c.total:11,.2f}{c.writes:10,.2f}{c.reads:10,.2f}{c.storage:9,.2f}"
-            f"{_over(c.total, bound):>9}   {later.total:10,.2f}"
-            f"{_over(later.total, steady_bound):>9}"
+            f"{_over(c.total, bound):>11}   {later.total:10,.2f}"
+            f"{_over(later.total, steady_bound):>11}"
         )
     for label, places in result.added.items():
         shown = ", ".join(f"{c}/{g} ({h})" for h, (c, g) in places) or "none"
         print(f"  {label} added: {shown}")
+    held: dict[Region, int] = {}
+    for index, where in result.placed["(d) optimum"].items():
+        held[where] = held.get(where, 0) + r.versions[index].size
+    shown = ", ".join(
+        f"{c}/{g} {n / written:.0%}" for (c, g), n in sorted(held.items(), key=lambda i: -i[1])
+    )
+    print(f"  (d) puts the bytes written in: {shown}")
     print(f"  ({currency}; 'after': the versions written after the advice's first look)")
 
 
