@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.capacity import ORG, Etcd, begin, commit, write_dims  # noqa: E402
+
 from o41.collections.keys import encode_key  # noqa: E402
 from o41.state import StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
@@ -40,6 +41,16 @@ async def full(tmp_path: Path) -> AsyncIterator[tuple[Etcd, EtcdStore]]:
         etcd.stop()
 
 
+async def fill(store: EtcdStore) -> StoreUnavailable:
+    """Put 256 kB values until etcd refuses one (4 MiB and some); the refusal."""
+    for i in range(1000):
+        try:
+            await store.put(f"/o41/filler/{i}".encode(), b"x" * 256_000)
+        except StoreUnavailable as e:
+            return e
+    raise AssertionError("etcd took 256 MB in a 4 MiB quota")
+
+
 def entry(key: str, value: bytes = b"1") -> dict[str, str]:
     return {"key": encode_key(key), "value": base64.b64encode(value).decode()}
 
@@ -56,10 +67,8 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         await commit(store, first)
         r = await client.post("/v1/collections/c/dict/d/set", json=entry("before"))
         assert r.status == 200
-        with pytest.raises(StoreUnavailable) as refused:
-            for i in range(1000):  # 4 MiB of 256 kB values, then some
-                await store.put(f"/o41/filler/{i}".encode(), b"x" * 256_000)
-        assert FULL in str(refused.value)
+        refused = await fill(store)
+        assert FULL in str(refused)
         assert [a["alarm"] for a in etcd.alarms()] == ["NOSPACE"]
 
         # the service's writes: begin's pending record, a collection's strong write

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from o41.core.organization import Effective, LocationFacts, effective
 from o41.core.placement import PlacementRefused, place_write
-from o41.core.places import SOURCES, Place
+from o41.core.places import SOURCES, Place, Source
 from o41.core.usage import GB, PriceTable, Record
 
 MONTH_HOURS = 720  # a storage month, as the page's 30-day window
@@ -71,7 +71,7 @@ class NetSaving:
 
 def _writer_place(r: Record) -> Place | None:
     cloud = r.dim("cloud")
-    source = next((s for s in SOURCES if s == r.dim("source")), "none")
+    source: Source = next((s for s in SOURCES if s == r.dim("source")), "none")
     try:
         return Place(cloud, r.dim("region") if cloud else None, source)
     except ValueError:  # a damaged counter (an upper-case cloud): not a place to move
