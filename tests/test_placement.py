@@ -315,6 +315,12 @@ def test_a_large_file_goes_up_in_parallel_parts(world: World) -> None:
     written = world.write(data, world.team_a, ("aws", "us-west-2"), artifact="big")
     _, got = world.read(written["version"], world.team_a, ("aws", "us-west-2"), artifact="big")
     assert got == data
+    # parts were used: a single upload's commit carries its MD5, a multipart object has none
+    # (S3's ETag of it is not one); and the bucket reports the parts' composite CRC32
+    status, found = world.api(
+        "GET", f"/v1/organizations/{world.org}/artifacts/big/versions/{written['version']}"
+    )
+    assert status == 200 and found["md5"] is None, found
 
 
 def test_namespace_not_listed_is_refused(world: World) -> None:
@@ -466,7 +472,7 @@ def test_bad_input_gets_a_clear_4xx_never_a_500(world: World) -> None:
         ),
         (world.api("POST", "/v1/writes", raw=b"x", content_type="text/plain"), 415, "JSON"),
         (world.api("POST", "/v1/writes", {}, token=no_token), 401, "Bearer"),
-        (world.api("POST", "/v1/writes", raw=b"x" * (2 * mib)), 413, ""),
+        (world.api("POST", "/v1/writes", raw=b"x" * (2 * mib)), 413, "Maximum request body size"),
         (world.api("POST", "/v1/writes/nope/commit", {}), 404, "begin again"),
         (
             world.api("GET", f"/v1/organizations/{world.org}/artifacts/a/versions/nope"),
@@ -478,7 +484,7 @@ def test_bad_input_gets_a_clear_4xx_never_a_500(world: World) -> None:
             404,
             "does not exist",
         ),
-        (world.api("GET", "/v1/nowhere"), 404, ""),
+        (world.api("GET", "/v1/nowhere"), 404, "Not Found"),
     ]
     for (status, body), want_status, want in cases:
         assert status == want_status, (status, body)

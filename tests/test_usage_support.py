@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -19,12 +19,12 @@ from aiohttp import web
 from o41.location_record import LocationRecord
 from o41.locations import Location, read_location
 from o41.state.memory import MemoryStore
-from o41.webhook import auth, placement
+from o41.webhook import auth
 from o41.webhook.app import Settings, make_app
 from o41.webhook.keys import STORE
 from o41.webhook.records import usage_prefix
-from o41.webhook.usage import Usage, hour
-from o41.webhook.view import OrganizationView
+from o41.webhook.usage import hour
+from o41.webhook.view import Cluster, OrganizationView, View
 
 ORG = "ml"
 EMPTY_ORG = "quiet"
@@ -174,10 +174,22 @@ def location(name: str, cloud: str, region: str, created: str) -> Location:
     return read_location(obj, LocationRecord(name, name, ready=True, ready_since=created))
 
 
+class NoSecrets:
+    """Locations without credentials (the usage page opens no bucket)."""
+
+    async def credentials(self, location: Location) -> Mapping[str, str] | None:
+        return None
+
+
 def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
     """The placement app with an embedded store holding ``records`` for ``ORG``."""
-    app = make_app(Settings(usage_interval=3600), FakeReviewer())
-    view = app[placement.VIEW]
+    view = View()
+    app = make_app(
+        Settings(usage_interval=3600),
+        FakeReviewer(),
+        store=MemoryStore(),
+        cluster=Cluster(view, NoSecrets()),
+    )
     view.organizations[ORG] = OrganizationView(
         ORG, frozenset({"team-a"}), EAST[0], {"aws": EAST[0], "gcp": CENTRAL[0]}, True
     )
@@ -189,18 +201,13 @@ def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
     view.synced.set()
     seed = history() if records is None else records
 
-    async def store(app: web.Application) -> AsyncIterator[None]:
-        app[STORE] = MemoryStore()
-        app[placement.USAGE] = Usage(app[STORE], interval=3600)
+    async def seeded(app: web.Application) -> None:
         for i, r in enumerate(seed):
             digest = hashlib.sha256(f"{i}".encode()).hexdigest()[:24]
             key = usage_prefix(ORG) + f"{r['hour']}/{digest}".encode()
             await app[STORE].put(key, json.dumps(r).encode())
-        yield
-        await app[STORE].close()
 
-    app.cleanup_ctx.clear()
-    app.cleanup_ctx.append(store)
+    app.on_startup.append(seeded)  # after the cleanup contexts: the store is there
     return app
 
 

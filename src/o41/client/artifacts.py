@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+# the endpoint and token a pod's clients use, defined once (the collections' client too)
+from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, crc32_b64, part_count, part_size_for
 from o41.core.places import Place
 
 log = logging.getLogger("o41")
 
-ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
-ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
-SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 BLOCK = 1024 * 1024
 PARALLEL_PARTS = 8
 # Downloads: fewer, larger ranges than parts. Measured against versitygw on 2 shared cores
@@ -52,6 +51,13 @@ class ServiceError(ArtifactError):
     def __init__(self, status: int, message: str, body: Mapping[str, Any]) -> None:
         super().__init__(message)
         self.status, self.body = status, body
+
+
+def _failed_location(e: ServiceError) -> str | None:
+    """The location a 503 names as unable to take the write now (its bucket failed), so
+    the write moves on without it; None for any other refusal."""
+    location = e.body.get("location") if e.status == 503 else None
+    return location if isinstance(location, str) and location else None
 
 
 class UploadFailed(ArtifactError):
@@ -332,7 +338,15 @@ class Artifacts:
             request["crc32"] = part_checksums(path, size, part_size)
         exclude: list[str] = []
         for _ in range(MAX_BEGINS):
-            began = self.call("POST", "/v1/writes", {**request, "exclude": exclude})
+            try:
+                began = self.call("POST", "/v1/writes", {**request, "exclude": exclude})
+            except ServiceError as e:
+                failed = _failed_location(e)
+                if failed is None or failed in exclude:
+                    raise
+                log.warning("%s; beginning again without location %s", e, failed)
+                exclude.append(failed)  # its bucket could not sign: the next one may
+                continue
             if began.get("warning"):
                 log.warning("%s", began["warning"])
             try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from o41.core.organization import LocationFacts
 from o41.core.places import Place
+from o41.core.writes import writable
 
 
 class Rule(enum.StrEnum):
@@ -50,7 +51,7 @@ def place_write(
             f"{organization} has no fallback location yet, so it takes no writes: "
             "add a Location to it and wait until the Location is Ready"
         )
-    usable = {c.name: c for c in locations if c.writable and c.name not in exclude}
+    usable = writable(locations, exclude)
 
     if place.cloud is not None and place.region is not None:
         for c in locations:

@@ -18,12 +18,14 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from o41.core.placement import Rule
+from o41.core.places import SOURCES, Locality, Place, locality
+
 GB = 10**9  # prices are per GB; the page counts decimal units (1 TB = 1000 GB)
 WINDOWS: dict[str, int] = {"24h": 24, "7d": 7 * 24, "30d": 30 * 24}  # hours
 DEFAULT_WINDOW = "7d"
-RULES = ("region", "cloud", "fallback")
-SOURCES = ("env", "skypilot", "metadata", "none")
-LOCALITIES = ("local", "cross-region", "cross-cloud")
+RULES: tuple[str, ...] = tuple(Rule)
+LOCALITIES: tuple[str, ...] = tuple(Locality)
 UNKNOWN = "unknown"  # how a missing cloud or region is shown
 HOUR_FORMAT = "%Y-%m-%dT%H"
 
@@ -464,7 +466,7 @@ class Reads:
 
     @property
     def cross_cloud(self) -> Tally:
-        return self.by_locality.get("cross-cloud", Tally())
+        return self.by_locality.get(Locality.CROSS_CLOUD, Tally())
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -493,29 +495,36 @@ def read_flows(records: Iterable[Record], prices: PriceTable) -> Reads:
         cloud, region = r.dim("locationCloud"), r.dim("locationRegion")
         how_far = r.dim("locality")
         if how_far not in LOCALITIES:  # an older record: judge it as the service would
-            if reader is None or reader != cloud:
-                how_far = "cross-cloud"
-            elif r.dim("region") is None or r.dim("region") != region:
-                how_far = "cross-region"
-            else:
-                how_far = "local"
+            how_far = _locality(reader, r.dim("region"), cloud, region)
         rate = {
-            "local": 0.0,
-            "cross-region": prices.of(cloud).inter_region,
-            "cross-cloud": prices.of(cloud).internet,
-        }[how_far]
+            Locality.LOCAL: 0.0,
+            Locality.CROSS_REGION: prices.of(cloud).inter_region,
+            Locality.CROSS_CLOUD: prices.of(cloud).internet,
+        }[Locality(how_far)]
         size = r.count("bytes")
         t = Tally(r.count("reads"), size, size / GB * rate)
         key = (reader or UNKNOWN, cloud or UNKNOWN)
         matrix[key] = matrix.get(key, Tally()) + t
         by_locality[how_far] = by_locality.get(how_far, Tally()) + t
-        if how_far == "cross-region":
+        if how_far == Locality.CROSS_REGION:
             cross_region[cloud or UNKNOWN] = cross_region.get(cloud or UNKNOWN, Tally()) + t
     return Reads(
         matrix=dict(sorted(matrix.items())),
         cross_region=dict(sorted(cross_region.items())),
         by_locality={k: by_locality[k] for k in LOCALITIES if k in by_locality},
     )
+
+
+def _locality(
+    reader_cloud: str | None, reader_region: str | None, cloud: str | None, region: str | None
+) -> str:
+    """The service's locality (``places.locality``) of a read whose record did not say it
+    (an older record); a location with an unknown cloud or region is as far as can be."""
+    if reader_cloud is None or cloud is None or reader_cloud != cloud:
+        return Locality.CROSS_CLOUD
+    if region is None:
+        return Locality.CROSS_REGION
+    return locality(Place(reader_cloud, reader_region, "none"), cloud, region)
 
 
 # --- how writes were placed, by place.source ---------------------------------------------
@@ -551,9 +560,9 @@ def by_source(places: Iterable[WriterPlace]) -> list[SourceRow]:
             old.begins + p.begins,
             old.warnings + p.warnings,
             old.written + p.written,
-            old.fallback + p.by_rule.get("fallback", Tally()),
+            old.fallback + p.by_rule.get(Rule.FALLBACK, Tally()),
         )
-    order = {s: i for i, s in enumerate(SOURCES)}
+    order: dict[str, int] = {s: i for i, s in enumerate(SOURCES)}
     return sorted(rows.values(), key=lambda r: (order.get(r.source, len(order)), r.source))
 
 

@@ -9,38 +9,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 
 from o41 import __version__
-from o41.state import EtcdTls, open_store
+from o41.state import Store, open_store
 from o41.webhook import auth, collections, errors, placement, usage_page
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
-from o41.webhook.keys import STORE
+from o41.webhook.keys import (
+    BATCHER,
+    BUCKETS,
+    COUNTS,
+    KUBE_API,
+    LEASES,
+    SECRETS,
+    SETTINGS,
+    STORE,
+    USAGE,
+    VIEW,
+)
+from o41.webhook.settings import Settings
 from o41.webhook.usage import Usage
-from o41.webhook.view import Secrets, View, Watcher
+from o41.webhook.view import Cluster, Secrets, View, Watcher
+from o41.webhook.writes import Buckets, Opener, PendingLease
+
+__all__ = ["Settings", "make_app"]
 
 MAX_BODY = 1024 * 1024  # requests are small JSON; uploads go straight to the bucket
-
-
-@dataclass(frozen=True)
-class Settings:
-    etcd_endpoints: list[str] = field(default_factory=list)  # empty: the embedded store
-    etcd_tls: EtcdTls | None = None  # for https:// endpoints
-    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG
-    secrets_namespace: str = "o41-system"
-    authentication: Literal["tokenreview", "none"] = "tokenreview"
-    audiences: list[str] = field(default_factory=list)
-    usage_interval: float = 5.0
-    store_timeout: float = 5.0
-    metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
-
-
-SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
-KUBE_API: web.AppKey[Any] = web.AppKey("kube_api", object)
 
 
 def kubernetes_client(settings: Settings) -> Any:
@@ -55,34 +52,53 @@ def kubernetes_client(settings: Settings) -> Any:
     return client.ApiClient()
 
 
-async def state_store(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    app[STORE] = open_store(
-        settings.etcd_endpoints or None, timeout=settings.store_timeout, tls=settings.etcd_tls
-    )
-    app[placement.BATCHER] = PutBatcher(app[STORE])
-    usage = Usage(app[STORE], settings.usage_interval)
-    app[placement.USAGE] = usage
-    flusher = asyncio.create_task(usage.run())
-    yield
-    flusher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await flusher
-    with contextlib.suppress(Exception):
-        await usage.flush()
-    await app[STORE].close()
+def state_store(given: Store | None) -> Any:
+    """The state store's context: ``given`` (the caller's, left open), or the one
+    the settings name."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        store = given or open_store(
+            settings.etcd_endpoints or None, timeout=settings.store_timeout, tls=settings.etcd_tls
+        )
+        app[STORE] = store
+        app[BATCHER] = PutBatcher(store)
+        usage = Usage(store, settings.usage_interval)
+        app[USAGE] = usage
+        app[COUNTS] = VersionCounts(store, app.get(KUBE_API), settings.secrets_namespace)
+        flusher = asyncio.create_task(usage.run())
+        yield
+        flusher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flusher
+        with contextlib.suppress(Exception):
+            await usage.flush()
+        if given is None:
+            await store.close()
+
+    return context
 
 
 async def cluster_view(app: web.Application) -> AsyncIterator[None]:
+    """The Kubernetes view, the Secrets and the VERSIONS counts shown in the cluster."""
     settings = app[SETTINGS]
     api = kubernetes_client(settings)
     app[KUBE_API] = api
-    app[placement.SECRETS] = Secrets(api, settings.secrets_namespace)
+    app[SECRETS] = Secrets(api, settings.secrets_namespace)
     loop = asyncio.get_running_loop()
-    watcher = Watcher(api, app[placement.VIEW], loop, settings.secrets_namespace)
+    watcher = Watcher(api, app[VIEW], loop, settings.secrets_namespace)
     watcher.start()
-    counts = VersionCounts(app[STORE], api, settings.secrets_namespace, settings.usage_interval)
-    app[placement.COUNTS] = counts
+    yield
+    watcher.stop()
+
+
+async def version_counts(app: web.Application) -> AsyncIterator[None]:
+    """Show the commits' counts in the cluster every few seconds (after the store)."""
+    settings = app[SETTINGS]
+    counts = VersionCounts(
+        app[STORE], app[KUBE_API], settings.secrets_namespace, settings.usage_interval
+    )
+    app[COUNTS] = counts
     shower = asyncio.create_task(counts.run())
     yield
     shower.cancel()
@@ -90,7 +106,6 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
         await shower
     with contextlib.suppress(Exception):
         await counts.flush()
-    watcher.stop()
 
 
 async def metrics_listener(app: web.Application) -> AsyncIterator[None]:
@@ -110,7 +125,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready once the view has listed Organizations and Locations."""
-    if not request.app[placement.VIEW].synced.is_set():
+    if not request.app[VIEW].synced.is_set():
         raise errors.problem(503, "not ready: the view of the cluster is still loading")
     return web.json_response({"status": "ready"})
 
@@ -121,14 +136,25 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(document())
 
 
-def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> web.Application:
+def make_app(
+    settings: Settings,
+    reviewer: auth.TokenReviewer | None = None,
+    *,
+    store: Store | None = None,
+    cluster: Cluster | None = None,
+    buckets: Opener | None = None,
+) -> web.Application:
     """The service. ``reviewer`` overrides how tokens are checked (the default follows
-    ``settings.authentication``)."""
+    ``settings.authentication``); ``store`` is used instead of the settings' one (and left
+    open), ``cluster`` instead of a watch of Kubernetes (no VERSIONS are shown then), and
+    ``buckets`` opens the locations' buckets (tests: a stand-in)."""
     app = web.Application(client_max_size=MAX_BODY)
     app[SETTINGS] = settings
-    app[placement.VIEW] = View()
-    app[placement.BUCKETS] = {}
-    app[placement.LEASES] = placement.PendingLease()
+    app[VIEW] = cluster.view if cluster else View()
+    if cluster is not None:
+        app[SECRETS] = cluster.secrets
+    app[BUCKETS] = Buckets(buckets) if buckets else Buckets()
+    app[LEASES] = PendingLease()
     if reviewer is None:
         if settings.authentication == "none":
             reviewer = auth.NoAuthentication()
@@ -136,7 +162,10 @@ def make_app(settings: Settings, reviewer: auth.TokenReviewer | None = None) -> 
             reviewer = _LazyReviewer(app, settings.audiences)
     required = settings.authentication != "none"  # a laptop's requests carry no token
     app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
-    app.cleanup_ctx.extend([state_store, cluster_view])
+    if cluster is None:
+        app.cleanup_ctx.extend([cluster_view, state_store(store), version_counts])
+    else:
+        app.cleanup_ctx.append(state_store(store))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

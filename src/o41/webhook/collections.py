@@ -53,6 +53,7 @@ from o41.jsonlimits import TooDeep, check_depth
 from o41.state import EtcdTls, StoreUnavailable, open_store, store_settings
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
+from o41.webhook.keys import COLLECTIONS as COLLECTIONS  # its tests read it here
 from o41.webhook.keys import STORE
 from o41.webhook.quota import FREEING, LimitReached, Limits, Quota, cost, sent
 
@@ -109,9 +110,6 @@ class Collections:
         for ws, since in list(self.sockets.items()):
             if since is not None and now - since >= idle_for:
                 await ws.close(code=RECONNECT, message=why)
-
-
-COLLECTIONS: web.AppKey[Collections] = web.AppKey("collections", Collections)
 
 
 def setup(app: web.Application, options: Options | None = None) -> None:

@@ -15,6 +15,11 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from o41.core.placement import PlacementRefused
+from o41.core.writes import CommitRefused, WriteRefused
+from o41.state import StoreUnavailable
+from o41.storage import Reason, StorageError
+
 log = logging.getLogger(__name__)
 
 
@@ -82,6 +87,48 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             message = e.reason if e.text is None else e.text.strip()
         kept = {k: v for k, v in e.headers.items() if k.lower() in _KEPT}
         raise problem(e.status, message, headers=kept) from None
-    except Exception:
+    except Exception as e:
+        mapped = answer(e)
+        if mapped is not None:
+            raise mapped from None
         log.exception("unexpected error on %s %s", request.method, request.path)
         raise problem(500, "internal error; it has been logged") from None
+
+
+# --- the service's failures as answers: the one place they are mapped --------------------
+
+
+class LocationFailed(Exception):
+    """A location's bucket failed a request of this write (``error``)."""
+
+    def __init__(self, location: str, error: StorageError) -> None:
+        super().__init__(f"location {location!r}: {error}")
+        self.location, self.error = location, error
+
+
+def answer(e: Exception) -> web.HTTPException | None:
+    """The HTTP answer to a failure of the service or of a rule, None for a bug."""
+    if isinstance(e, StoreUnavailable):
+        return problem(503, f"the state store is unavailable ({e}); retry shortly")
+    if isinstance(e, WriteRefused):
+        return problem(400, str(e))
+    if isinstance(e, PlacementRefused | CommitRefused):
+        return problem(409, str(e))
+    if isinstance(e, LocationFailed):
+        if e.error.reason == Reason.UPLOAD_INCOMPLETE:
+            return problem(
+                409, f"the upload is incomplete: {e.error}; upload every part, then commit"
+            )
+        return problem(
+            503,
+            f"location {e.location!r} cannot take this request now ({e.error.reason}): "
+            f"{e.error}; begin again with it excluded",
+            location=e.location,
+            reason=e.error.reason,
+        )
+    return None
+
+
+def answered(e: Exception) -> web.HTTPException:
+    """:func:`answer`, or a 500 for what it does not know (for views that answer HTML)."""
+    return answer(e) or problem(500, "internal error; it has been logged")

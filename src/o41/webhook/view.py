@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from o41.api import GROUP, VERSION
 from o41.core.organization import Effective, Picks, effective
@@ -141,6 +141,21 @@ class View:
             found = tuple(sorted(mine, key=lambda v: (v.created, v.name)))
             self._by_organization[organization] = found
         return found
+
+
+class Credentials(Protocol):
+    """Where a location's credentials come from (``Secrets``, or a test's dict)."""
+
+    async def credentials(self, location: Location) -> Mapping[str, str] | None: ...
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the service knows of the cluster: the view, and the locations' credentials.
+    ``make_app`` watches the cluster for them unless it is given one."""
+
+    view: View
+    secrets: Credentials
 
 
 class Secrets:

@@ -1,0 +1,421 @@
+"""One write and one read, orchestrated: the state store, the location's bucket, signing
+and the usage counters around the rules of ``o41.core`` (placement, the upload plan, the
+commit's checks, locality).
+
+The views (``o41.webhook.placement``) parse a request, call one function here and answer
+with what it returns. A refusal is raised as the core's exception, a state store's failure
+as ``StoreUnavailable`` and a bucket's as ``LocationFailed``: ``o41.webhook.errors`` maps
+all of them to HTTP answers, in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from o41.api import NAME_PATTERN, LocationSpec
+from o41.core.parts import MAX_PARTS
+from o41.core.placement import place_write
+from o41.core.places import Place, locality
+from o41.core.writes import (
+    Declared,
+    Held,
+    UploadPlan,
+    WriteRefused,
+    check_commit,
+    etags_problem,
+    normal_place,
+    signs_locally,
+    upload_plan,
+)
+from o41.locations import Location
+from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
+from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
+from o41.webhook.errors import LocationFailed, problem
+from o41.webhook.keys import (
+    BATCHER,
+    BUCKETS,
+    COUNTS,
+    LEASES,
+    SECRETS,
+    STORE,
+    USAGE,
+    VIEW,
+)
+from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
+from o41.webhook.view import OrganizationView
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
+UPLOAD_EXPIRES = 3600
+DOWNLOAD_EXPIRES = 900
+PENDING_TTL = UPLOAD_EXPIRES + 600  # a write never committed expires with its lease
+
+T = TypeVar("T")
+
+
+# --- the requests ------------------------------------------------------------------------
+
+
+class Model(BaseModel):
+    """Strict: JSON types as declared (``size: "5"`` or ``size: true`` is refused, not
+    converted), so a client's mistake is named instead of guessed at."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PlaceIn(Model):
+    cloud: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]{0,31}$")
+    region: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    source: Literal["env", "skypilot", "metadata", "none"]
+
+    @property
+    def place(self) -> Place:
+        return normal_place(self.cloud, self.region, self.source)
+
+
+class BeginIn(Model):
+    organization: str = Field(pattern=NAME_PATTERN, max_length=253)
+    artifact: str = Field(pattern=ARTIFACT_PATTERN)
+    place: PlaceIn
+    size: int | None = Field(default=None, ge=0, le=MAX_SIZE)
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    exclude: list[str] = Field(default_factory=list, max_length=100)
+    part_size: int | None = Field(default=None, alias="partSize", ge=1)
+    crc32: list[str] | None = Field(default=None, max_length=MAX_PARTS)
+
+
+class CommitIn(Model):
+    etags: list[str] = Field(default_factory=list, max_length=MAX_PARTS)
+    md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+
+
+# --- the service's state -----------------------------------------------------------------
+
+
+class PendingLease:
+    """The lease of one minute of pending records, shared by that minute's begins: expiry
+    is what matters, and a lease grant is a round trip to the store. It is the service's
+    own: no client ever learns or names it (issue 14: a lease id that reached a client was
+    revoked by another namespace)."""
+
+    def __init__(self) -> None:
+        self.minute, self.lease = -1, 0
+        self._granting = asyncio.Lock()
+
+    async def current(self, store: Store) -> int:
+        minute = int(time.time() // 60)
+        if minute == self.minute and self.lease:
+            return self.lease
+        return await self._replace(store, minute, self.lease)
+
+    async def renew(self, store: Store, lost: int) -> int:
+        """A new lease in place of ``lost`` (revoked or expired in etcd under the
+        service); the begins that saw the same loss share one grant."""
+        return await self._replace(store, int(time.time() // 60), lost)
+
+    async def _replace(self, store: Store, minute: int, stale: int) -> int:
+        async with self._granting:
+            if minute == self.minute and self.lease and self.lease != stale:
+                return self.lease  # replaced while this begin waited
+            lease = await store.lease_grant(PENDING_TTL + 60)
+            self.minute, self.lease = minute, lease
+            return lease
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBucket:
+    """A location's bucket, and whether it signs URLs without a network call."""
+
+    bucket: Bucket
+    signs_locally: bool
+
+    async def sign(self, location: str, call: Callable[[], T]) -> T:
+        """``call`` (a presign) inline when it is pure computation, in a thread when it
+        may touch the network (GCS's ambient identity: one IAM call per URL)."""
+        try:
+            return call() if self.signs_locally else await asyncio.to_thread(call)
+        except StorageError as e:
+            raise LocationFailed(location, e) from None
+
+    async def call(self, location: str, call: Callable[[], T]) -> T:
+        """A request to the bucket, in a thread (the SDKs are synchronous)."""
+        try:
+            return await asyncio.to_thread(call)
+        except StorageError as e:
+            raise LocationFailed(location, e) from None
+
+
+Opener = Callable[[BucketRef], Bucket]
+
+
+class Buckets:
+    """One open bucket per location, rebuilt when its spec or credentials change: the view
+    replaces a Location's spec object on every change and the Secret cache its data object
+    on every read, so identity tells, with no work on the hot path."""
+
+    def __init__(self, opener: Opener = open_bucket) -> None:
+        self._opener = opener
+        self._open: dict[str, tuple[LocationSpec, Mapping[str, str] | None, OpenBucket]] = {}
+
+    def of(self, location: Location, credentials: Mapping[str, str] | None) -> OpenBucket:
+        hit = self._open.get(location.name)
+        if hit is not None and hit[0] is location.spec and hit[1] is credentials:
+            return hit[2]
+        ref = location.bucket(credentials)
+        opened = OpenBucket(self._opener(ref), signs_locally(ref.kind, credentials))
+        self._open[location.name] = (location.spec, credentials, opened)
+        return opened
+
+
+async def bucket_for(app: web.Application, location: Location) -> OpenBucket:
+    return app[BUCKETS].of(location, await app[SECRETS].credentials(location))
+
+
+def organization_for(app: web.Application, name: str, namespace: str) -> OrganizationView:
+    """The organization, if the caller's namespace may use it."""
+    org = app[VIEW].organizations.get(name)
+    if org is None:
+        raise problem(
+            404, f"organization {name!r} does not exist: `kubectl get organizations` lists them"
+        )
+    if namespace not in org.namespaces:
+        raise problem(
+            403,
+            f"namespace {namespace!r} may not use organization {name!r}: an administrator "
+            f"adds it to spec.namespaces of Organization {name!r}",
+        )
+    return org
+
+
+def signed(req: SignedRequest) -> dict[str, Any]:
+    return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
+
+
+async def put_pending(app: web.Application, version: str, record: bytes) -> None:
+    """Store a pending record under this minute's lease. A lease lost under the service
+    (revoked or expired in etcd) is replaced once: begins never fail for it."""
+    store, leases, batcher = app[STORE], app[LEASES], app[BATCHER]
+    lease = await leases.current(store)
+    try:
+        await batcher.put(pending_key(version), record, lease=lease)
+    except LeaseNotFound:
+        log.warning("the lease of pending writes %x was gone from etcd; granting another", lease)
+    else:
+        return
+    try:
+        await batcher.put(pending_key(version), record, lease=await leases.renew(store, lease))
+    except LeaseNotFound:
+        raise StoreUnavailable("it lost the lease of pending writes twice in a row") from None
+
+
+# --- begin, commit, read -----------------------------------------------------------------
+
+
+async def upload(
+    opened: OpenBucket, location: str, key: str, plan: UploadPlan, body: BeginIn
+) -> tuple[dict[str, Any], str | None]:
+    """The signed upload requests of ``plan``, and the multipart upload's id."""
+    bucket = opened.bucket
+    if not plan.multipart:
+        single = await opened.sign(
+            location, lambda: bucket.presign_put(key, expires=UPLOAD_EXPIRES, size=body.size)
+        )
+        return {"single": signed(single)}, None
+    started = await opened.call(
+        location,
+        lambda: bucket.start_multipart(
+            key, parts=plan.parts, expires=UPLOAD_EXPIRES, crc32=body.crc32
+        ),
+    )
+    parts = [signed(p) for p in started.parts]
+    return {"multipart": {"partSize": plan.part_size, "parts": parts}}, started.upload_id
+
+
+async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
+    """Choose the location for a new version and hand out pre-signed upload requests."""
+    plan = upload_plan(body.size, body.part_size, body.crc32)
+    org = organization_for(app, body.organization, namespace)
+    view, place = app[VIEW], body.place.place
+    chosen = place_write(
+        place,
+        [loc.facts for loc in view.locations_of(org.name)],
+        fallback=org.fallback,
+        cloud_defaults=org.cloud_defaults,
+        exclude=body.exclude,
+        organization=f"organization {org.name!r}",
+    )
+    location = view.locations[chosen.location]
+    version = new_version()
+    key = f"{body.artifact}/{version}"
+    opened = await bucket_for(app, location)
+    requests, upload_id = await upload(opened, location.name, key, plan, body)
+    pending = Pending(
+        organization=org.name,
+        artifact=body.artifact,
+        version=version,
+        namespace=namespace,
+        location=location.name,
+        key=key,
+        rule=str(chosen.rule),
+        cloud=place.cloud,
+        region=place.region,
+        source=place.source,
+        size=body.size,
+        md5=body.md5,
+        upload_id=upload_id,
+        parts=plan.parts,
+        began=time.time(),
+        crc32=body.crc32,
+    )
+    await put_pending(app, version, pending.dump())
+    app[USAGE].add(
+        org.name,
+        "begin",
+        {**place.as_json(), "rule": str(chosen.rule), "location": location.name},
+        begins=1,
+        warnings=1 if chosen.warning else 0,
+    )
+    return {
+        "version": version,
+        "location": location.name,
+        "cloud": location.cloud,
+        "region": location.region,
+        "rule": str(chosen.rule),
+        "warning": chosen.warning,
+        "upload": requests,
+        "expiresIn": UPLOAD_EXPIRES,
+    }
+
+
+async def commit(
+    app: web.Application, namespace: str, version: str, body: CommitIn
+) -> dict[str, Any]:
+    """Make a version readable, once the bucket really holds what was declared."""
+    store = app[STORE]
+    found = await store.get(pending_key(version))
+    if found is None:
+        raise problem(
+            404,
+            f"no write {version!r} is waiting for its commit: it expired, was committed "
+            "already, or never began; begin again",
+        )
+    pending = Pending.load(found.value)
+    if pending.namespace != namespace:
+        raise problem(403, f"write {version!r} began in another namespace")
+    location = app[VIEW].locations.get(pending.location)
+    if location is None:
+        raise problem(409, f"location {pending.location!r} is gone; begin again")
+    opened = await bucket_for(app, location)
+    bucket = opened.bucket
+    if pending.upload_id is not None:
+        if why := etags_problem(pending.parts, body.etags):
+            raise WriteRefused(why)
+        upload_id = pending.upload_id
+        await opened.call(
+            location.name,
+            lambda: bucket.complete_multipart(pending.key, upload_id, body.etags, pending.crc32),
+        )
+    stat = await opened.call(location.name, lambda: bucket.stat(pending.key))
+    held = check_commit(
+        version,
+        Declared(pending.size, body.md5 or pending.md5, pending.crc32),
+        None if stat is None else Held(stat.size, stat.md5, stat.crc32),
+    )
+    record = Version(
+        organization=pending.organization,
+        artifact=pending.artifact,
+        version=version,
+        location=pending.location,
+        key=pending.key,
+        size=held.size,
+        md5=held.md5 or pending.md5,
+        rule=pending.rule,
+        cloud=pending.cloud,
+        region=pending.region,
+        source=pending.source,
+        committed=time.time(),
+    )
+    vkey = version_key(pending.organization, pending.artifact, version)
+    result = await store.txn(
+        [Compare(pending_key(version), "mod", "==", found.mod_revision)],
+        [Delete(pending_key(version)), Put(vkey, record.dump())],
+    )
+    if not result.succeeded and await store.get(vkey) is None:
+        raise problem(409, f"write {version!r} changed while committing; commit again")
+    if result.succeeded:  # only the commit that made the version counts it (not replays)
+        app[COUNTS].committed(location.name)
+        app[USAGE].add(
+            pending.organization,
+            "write",
+            {
+                "cloud": pending.cloud,
+                "region": pending.region,
+                "source": pending.source,
+                "rule": pending.rule,
+                "location": location.name,
+                "locationCloud": location.cloud,
+                "locationRegion": location.region,
+            },
+            versions=1,
+            bytes=held.size,
+        )
+    return {"version": version, "location": location.name, "size": held.size, "md5": record.md5}
+
+
+async def read(
+    app: web.Application,
+    namespace: str,
+    organization: str,
+    artifact: str,
+    version: str,
+    reader: Place,
+) -> dict[str, Any]:
+    """Where a version lives, how far that is from the reader, and a download."""
+    org = organization_for(app, organization, namespace)
+    found = await app[STORE].get(version_key(org.name, artifact, version))
+    if found is None:
+        raise problem(
+            404, f"organization {org.name!r} has no committed version {version!r} of {artifact!r}"
+        )
+    record = Version.load(found.value)
+    location = app[VIEW].locations.get(record.location)
+    if location is None:
+        raise problem(503, f"location {record.location!r} is not known to the service yet")
+    opened = await bucket_for(app, location)
+    download = await opened.sign(
+        location.name, lambda: opened.bucket.presign_get(record.key, expires=DOWNLOAD_EXPIRES)
+    )
+    how_far = locality(reader, location.cloud, location.region)
+    app[USAGE].add(
+        org.name,
+        "read",
+        {
+            **reader.as_json(),
+            "locality": str(how_far),
+            "location": location.name,
+            "locationCloud": location.cloud,
+            "locationRegion": location.region,
+        },
+        reads=1,
+        bytes=record.size,
+    )
+    return {
+        "version": version,
+        "location": location.name,
+        "cloud": location.cloud,
+        "region": location.region,
+        "locality": str(how_far),
+        "size": record.size,
+        "md5": record.md5,
+        "download": signed(download),
+    }

@@ -1,0 +1,237 @@
+"""Begin, commit and read in-process: the real service app on the embedded store, the real
+client, and a stand-in bucket served over HTTP on 127.0.0.1 (``standin_bucket``). No
+control plane, no etcd: ``make unit`` runs these."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from o41.client.artifacts import Artifacts
+from o41.core.parts import PART_SIZE
+from o41.core.places import Place
+from o41.location_record import LocationRecord
+from o41.locations import Location, read_location
+from o41.state.memory import MemoryStore
+from o41.storage import ObjectStat
+from o41.webhook.app import Settings, make_app
+from o41.webhook.view import Cluster, View, organization_source
+from standin_bucket import StandInBucket, Storage
+from test_usage_support import FakeReviewer
+
+ORG = "ml"
+KEYS = {"accessKeyId": "id", "secretAccessKey": "secret"}
+
+
+class Keys:
+    async def credentials(self, location: Location) -> Mapping[str, str] | None:
+        return KEYS
+
+
+def location(name: str, cloud: str, region: str, n: int) -> Location:
+    created = f"2026-01-0{n}T00:00:00Z"
+    obj = {
+        "metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
+        "spec": {
+            "organization": ORG,
+            "cloud": cloud,
+            "region": region,
+            "bucket": f"bucket-{name}",
+            "backend": {"s3": {}},
+        },
+    }
+    return read_location(obj, LocationRecord(f"uid-{name}", name, ready=True, ready_since=created))
+
+
+@dataclass
+class Service:
+    url: str
+    storage: Storage
+    token: Path
+
+    def client(self, cloud: str | None, region: str | None) -> Artifacts:
+        place = Place(cloud, region, "env" if cloud else "none")
+        return Artifacts(self.url, str(self.token), place=place, timeout=30)
+
+    async def api(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.token.read_text()}", **kw.pop("headers", {})}
+        async with (
+            aiohttp.ClientSession(headers=headers) as s,
+            s.request(method, self.url + path, json=body, **kw) as r,
+        ):
+            return r.status, await r.json(content_type=None)
+
+
+async def serve(tmp_path: Path, opener: Any = None) -> AsyncIterator[Service]:
+    storage = Storage()
+    bucket_server = TestServer(storage.app(), host="127.0.0.1")
+    await bucket_server.start_server()
+    storage.url = str(bucket_server.make_url("")).rstrip("/")
+    view = View()
+    for n, (name, cloud, region) in enumerate(
+        [("east", "aws", "us-east-1"), ("west", "aws", "us-west-2"), ("flaky", "nebius", "eu-n")],
+        start=1,
+    ):
+        view.put_location(location(name, cloud, region, n))
+    view.put_organization(
+        organization_source({"metadata": {"name": ORG}, "spec": {"namespaces": ["team-a"]}})
+    )
+    view.synced.set()
+    app = make_app(
+        Settings(usage_interval=3600),
+        FakeReviewer(),
+        store=MemoryStore(),
+        cluster=Cluster(view, Keys()),
+        buckets=opener(storage) if opener else storage.opener,
+    )
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    token = tmp_path / "token"
+    token.write_text("token-team-a")
+    try:
+        yield Service(str(server.make_url("")).rstrip("/"), storage, token)
+    finally:
+        await server.close()
+        await bucket_server.close()
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    async for s in serve(tmp_path):
+        yield s
+
+
+async def usage_of(service: Service, kind: str) -> list[dict[str, Any]]:
+    status, answer = await service.api("GET", f"/v1/usage?organization={ORG}")
+    assert status == 200, answer
+    return [r for r in answer["records"] if r["kind"] == kind]
+
+
+async def test_a_write_and_its_read_in_process(service: Service, tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    path = tmp_path / "model"
+    path.write_bytes(data)
+    written = await asyncio.to_thread(service.client("aws", "us-west-2").write, ORG, "m", path)
+    assert (written.location, written.rule, written.warning) == ("west", "region", None)
+
+    out = tmp_path / "back"
+    got = await asyncio.to_thread(
+        service.client("gcp", "us-central1").read, ORG, "m", written.version, out
+    )
+    assert (got.location, got.locality, out.read_bytes()) == ("west", "cross-cloud", data)
+    writes = await usage_of(service, "write")
+    assert [(r["dims"]["rule"], r["counts"]) for r in writes] == [
+        ("region", {"versions": 1, "bytes": len(data)})
+    ]
+
+
+async def test_a_large_file_goes_up_in_parts(service: Service, tmp_path: Path) -> None:
+    data = os.urandom(PART_SIZE + 5 * 1024 * 1024)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    written = await asyncio.to_thread(service.client("aws", "us-east-1").write, ORG, "big", path)
+    key = f"big/{written.version}"
+    assert service.storage.signed == [f"PUT {key} 1", f"PUT {key} 2"]  # two parts, no PUT
+    out = tmp_path / "back"
+    await asyncio.to_thread(
+        service.client("aws", "us-east-1").read, ORG, "big", written.version, out
+    )
+    assert out.read_bytes() == data
+
+
+async def test_a_location_that_cannot_sign_is_passed_over(service: Service, tmp_path: Path) -> None:
+    """Its begin is a 503 naming it; the client begins again without it (issue 16)."""
+    service.storage.unsignable.add("bucket-flaky")
+    body = {
+        "organization": ORG,
+        "artifact": "a",
+        "place": {"cloud": "nebius", "region": "eu-n", "source": "env"},
+    }
+    status, answer = await service.api("POST", "/v1/writes", body)
+    assert (status, answer["location"], answer["reason"]) == (503, "flaky", "AccessDenied")
+
+    path = tmp_path / "f"
+    path.write_bytes(b"moved on")
+    written = await asyncio.to_thread(service.client("nebius", "eu-n").write, ORG, "a", path)
+    assert (written.location, written.rule) == ("east", "fallback")
+
+
+async def test_a_commit_that_loses_the_race_counts_nothing(tmp_path: Path) -> None:
+    """Two commits of one write both read the pending write before either commits: one
+    makes the version, the other finds it made; the usage counts it once."""
+    both_read = threading.Barrier(2, timeout=10)
+
+    class Racing(StandInBucket):
+        def stat(self, key: str) -> ObjectStat | None:
+            both_read.wait()  # each commit has read the pending write by now
+            return super().stat(key)
+
+    def opener(storage: Storage) -> Any:
+        return lambda ref: Racing(ref, storage)
+
+    async for service in serve(tmp_path, opener):
+        place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+        body = {"organization": ORG, "artifact": "r", "size": 5, "place": place}
+        status, began = await service.api("POST", "/v1/writes", body)
+        assert status == 201, began
+        single = began["upload"]["single"]
+        async with aiohttp.ClientSession() as s, s.put(single["url"], data=b"raced") as r:
+            assert r.status == 200
+        path = f"/v1/writes/{began['version']}/commit"
+        answers = await asyncio.gather(*(service.api("POST", path, {}) for _ in range(2)))
+        assert [a[0] for a in answers] == [200, 200], answers
+        writes = await usage_of(service, "write")
+        assert sum(r["counts"]["versions"] for r in writes) == 1
+        assert sum(r["counts"]["bytes"] for r in writes) == 5
+
+
+async def test_bad_input_gets_a_clear_4xx_in_process(service: Service) -> None:
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    mib = 1024 * 1024
+
+    async def begin(**fields: Any) -> tuple[int, Any]:
+        return await service.api(
+            "POST", "/v1/writes", {"organization": ORG, "artifact": "a", "place": place, **fields}
+        )
+
+    cases = [
+        (await begin(size=100 * mib, crc32=["AAAAAA=="]), 400, "crc32 needs partSize"),
+        (await begin(partSize=16 * mib), 400, "partSize needs size"),
+        (await begin(size=100 * mib, partSize=1024), 400, "at least 5 MiB"),
+        (
+            await service.api(
+                "POST",
+                "/v1/writes",
+                data=b"x" * (2 * mib),
+                headers={"Content-Type": "application/json"},
+            ),
+            413,
+            "Maximum request body size",
+        ),
+        (await service.api("POST", "/v1/writes/nope/commit", {}), 404, "begin again"),
+        (await service.api("GET", "/v1/nowhere"), 404, "Not Found"),
+    ]
+    for (status, body), want_status, want in cases:
+        assert status == want_status, (status, body)
+        assert want in body["error"], body
+
+
+async def test_a_commit_before_the_upload_is_refused(service: Service) -> None:
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    body = {"organization": ORG, "artifact": "u", "size": 10, "place": place}
+    status, began = await service.api("POST", "/v1/writes", body)
+    assert status == 201
+    status, answer = await service.api("POST", f"/v1/writes/{began['version']}/commit", {})
+    assert status == 409 and "not in the bucket" in answer["error"]
+    path = f"/v1/organizations/{ORG}/artifacts/u/versions/{began['version']}"
+    status, answer = await service.api("GET", path)
+    assert status == 404 and "no committed version" in answer["error"]
