@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src")]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
+import aiohttp  # noqa: E402
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from o41.collections.keys import encode_key  # noqa: E402
@@ -46,10 +47,16 @@ from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
 from o41.testbed.process import LOOPBACK, Server, free_port  # noqa: E402
+from o41.webhook import app as service_app  # noqa: E402
 from o41.webhook.collections import Options, make_app  # noqa: E402
 from o41.webhook.quota import Limits  # noqa: E402
 from o41.webhook.records import Pending, Version, pending_key, version_key  # noqa: E402
 from o41.webhook.usage import Usage  # noqa: E402
+from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
+from standin_bucket import Storage  # noqa: E402
+from test_usage_support import FakeReviewer  # noqa: E402
+from test_writes import ORG as SERVICE_ORG  # noqa: E402
+from test_writes import Keys, location  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -345,6 +352,73 @@ async def collection_entries(etcd: Etcd, n: int) -> Measured:
 # --- the quota -------------------------------------------------------------------------------
 
 
+class PlacementService:
+    """The placement service's app in-process on ``store`` (etcd), with a stand-in bucket
+    over HTTP on 127.0.0.1 and two locations, as tests/test_writes.py runs it."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self.store = store
+        self.storage = Storage()
+        self.servers: list[TestServer] = []
+        self.url = ""
+
+    async def __aenter__(self) -> PlacementService:
+        buckets = TestServer(self.storage.app(), host=LOOPBACK)
+        await buckets.start_server()
+        self.servers.append(buckets)
+        self.storage.url = str(buckets.make_url("")).rstrip("/")
+        view = View()
+        view.put_location(location("east", "aws", "us-east-1", 1))
+        view.put_organization(
+            organization_source(
+                {"metadata": {"name": SERVICE_ORG}, "spec": {"namespaces": ["team-a"]}}
+            )
+        )
+        view.synced.set()
+        app = service_app.make_app(
+            service_app.Settings(usage_interval=3600),
+            FakeReviewer(),
+            store=self.store,
+            cluster=Cluster(view, Keys()),
+            buckets=self.storage.opener,
+        )
+        server = TestServer(app, host=LOOPBACK)
+        await server.start_server()
+        self.servers.append(server)
+        self.url = str(server.make_url("")).rstrip("/")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for server in reversed(self.servers):
+            await server.close()
+
+    async def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        headers = {"Authorization": "Bearer token-team-a"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as s,
+            s.request(method, self.url + path, json=body) as r,
+        ):
+            return r.status, await r.json(content_type=None)
+
+    async def begin(self, artifact: str, data: bytes) -> tuple[int, Any]:
+        """POST /v1/writes, and the upload when it is granted."""
+        place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+        body = {"organization": SERVICE_ORG, "artifact": artifact, "size": len(data)}
+        status, began = await self.api("POST", "/v1/writes", {**body, "place": place})
+        if status == 201:
+            single = began["upload"]["single"]
+            async with aiohttp.ClientSession() as s, s.put(single["url"], data=data) as r:
+                assert r.status == 200, await r.text()
+        return status, began
+
+    async def commit(self, version: str) -> tuple[int, Any]:
+        return await self.api("POST", f"/v1/writes/{version}/commit", {})
+
+    async def read(self, artifact: str, version: str) -> tuple[int, Any]:
+        path = f"/v1/organizations/{SERVICE_ORG}/artifacts/{artifact}/versions/{version}"
+        return await self.api("GET", path)
+
+
 async def nospace(directory: Path, quota: int) -> dict[str, str]:
     """Fill an etcd with a ``quota`` of bytes through begin and commit; what then."""
     etcd = Etcd(directory / "nospace", quota=quota).start()
@@ -353,7 +427,16 @@ async def nospace(directory: Path, quota: int) -> dict[str, str]:
     options = Options(limits=Limits(ops_per_second=0, bytes_per_second=0, entries=0, bytes=0))
     app = make_app([etcd.url], "team-nlp", options, store_timeout=10)
     try:
-        async with TestClient(TestServer(app, host=LOOPBACK)) as client:
+        async with (
+            TestClient(TestServer(app, host=LOOPBACK)) as client,
+            PlacementService(store) as service,
+        ):
+            status, kept = await service.begin("kept", b"committed before the alarm")
+            assert status == 201, kept
+            status, answer = await service.commit(kept["version"])
+            assert status == 200, answer
+            status, waiting = await service.begin("waiting", b"uploaded before the alarm")
+            assert status == 201, waiting
             lease = await store.lease_grant(3600)
             r = await client.post(
                 "/v1/collections/run-0042/dict/progress/set",
@@ -379,6 +462,16 @@ async def nospace(directory: Path, quota: int) -> dict[str, str]:
             assert last is not None
             v = await store.get(version_key(ORG, last.artifact, last.version))
             seen["store: read a version (strong)"] = "works" if v is not None else "NOT FOUND"
+            status, answer = await service.commit(waiting["version"])
+            seen["service: POST /v1/writes/{version}/commit"] = f"{status} {json.dumps(answer)}"
+            status, answer = await service.begin("after", b"x")
+            seen["service: POST /v1/writes"] = f"{status} {json.dumps(answer)}"
+            status, answer = await service.read("kept", kept["version"])
+            seen["service: GET a version"] = f"{status} (location {answer.get('location')})"
+            status, answer = await service.api(
+                "GET", f"/v1/usage?organization={SERVICE_ORG}&window=24h"
+            )
+            seen["service: GET /v1/usage"] = f"{status}"
             listed = await store.range(b"/o41/placement/versions/", limit=10)
             seen["store: list versions"] = f"works ({len(listed)} of a page of 10)"
             counters = Usage(store, interval=3600)

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.capacity import ORG, Etcd, begin, commit, write_dims  # noqa: E402
+from bench.capacity import ORG, Etcd, PlacementService, begin, commit, write_dims  # noqa: E402
 
 from o41.collections.keys import encode_key  # noqa: E402
 from o41.state import StoreUnavailable  # noqa: E402
@@ -61,7 +61,15 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
     etcd, store = full
     options = Options(limits=Limits(ops_per_second=0, bytes_per_second=0, entries=0, bytes=0))
     app = make_app([etcd.url], "team-a", options, store_timeout=10)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with (
+        TestClient(TestServer(app, host="127.0.0.1")) as client,
+        PlacementService(store) as service,
+    ):
+        status, kept = await service.begin("kept", b"committed before")
+        assert status == 201
+        assert (await service.commit(kept["version"]))[0] == 200
+        status, waiting = await service.begin("waiting", b"uploaded before")
+        assert status == 201
         lease = await store.lease_grant(600)
         first = await begin(store, lease, 0)
         await commit(store, first)
@@ -71,7 +79,13 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         assert FULL in str(refused)
         assert [a["alarm"] for a in etcd.alarms()] == ["NOSPACE"]
 
-        # the service's writes: begin's pending record, a collection's strong write
+        # the service's writes: a commit, a begin, a collection's strong write
+        for status, answer in (
+            await service.commit(waiting["version"]),
+            await service.begin("after", b"x"),
+        ):
+            assert status == 503
+            assert FULL in answer["error"]
         with pytest.raises(StoreUnavailable, match=FULL):
             await begin(store, lease, 1)
         r = await client.post("/v1/collections/c/dict/d/set", json=entry("after"))
@@ -83,6 +97,10 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         assert await store.range(b"/o41/placement/usage/") == []
 
         # reads still work
+        status, answer = await service.read("kept", kept["version"])
+        assert (status, answer["location"]) == (200, "east")
+        status, _ = await service.api("GET", "/v1/usage?organization=ml&window=24h")
+        assert status == 200
         assert await store.get(version_key(ORG, first.artifact, first.version)) is not None
         r = await client.post("/v1/collections/c/dict/d/get", json={"key": encode_key("before")})
         assert r.status == 200 and (await r.json())["found"] is True
@@ -99,3 +117,6 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         assert len(await store.range(b"/o41/placement/usage/")) == 1
         r = await client.post("/v1/collections/c/dict/d/set", json=entry("again"))
         assert r.status == 200
+        status, again = await service.begin("again", b"y")
+        assert status == 201
+        assert (await service.commit(again["version"]))[0] == 200
