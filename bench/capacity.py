@@ -1,0 +1,563 @@
+"""The state store's capacity, measured: bytes in etcd per record kind, and what the
+service does when etcd's quota is reached (docs/capacity.md holds the numbers).
+
+One etcd member of the test bed's binary on 127.0.0.1, written through the service's own
+code: version records and pending writes as o41.webhook.records makes them and with the
+store calls begin and commit make (a pending write under a lease, then the compare-and-
+swap transaction that deletes it and puts the version), usage counters through
+o41.webhook.usage.Usage, collection entries through the collections' HTTP service
+(o41.webhook.collections, the real handler). After each kind: compaction to the current
+revision and a defragmentation, then etcd's dbSize from its status endpoint.
+
+Then a second member with a small --quota-backend-bytes is filled until etcd raises its
+NOSPACE alarm, and the answers of the store and of the collections' HTTP service are
+printed as a client sees them, with what still works, and the recovery (compact,
+defragment, disarm).
+
+    .venv/bin/python bench/capacity.py [--records 20000] [--quota-mib 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import secrets
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+
+import aiohttp  # noqa: E402
+from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
+
+from o41.collections.keys import encode_key  # noqa: E402
+from o41.collections.values import dumps  # noqa: E402
+from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
+from o41.state.etcd import EtcdStore  # noqa: E402
+from o41.testbed.kube import bin_dir  # noqa: E402
+from o41.testbed.process import LOOPBACK, Server, free_port  # noqa: E402
+from o41.webhook import app as service_app  # noqa: E402
+from o41.webhook.collections import Options, make_app  # noqa: E402
+from o41.webhook.quota import Limits  # noqa: E402
+from o41.webhook.records import Pending, Version, pending_key, version_key  # noqa: E402
+from o41.webhook.usage import Usage  # noqa: E402
+from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
+from standin_bucket import Storage  # noqa: E402
+from test_usage_support import FakeReviewer  # noqa: E402
+from test_writes import ORG as SERVICE_ORG  # noqa: E402
+from test_writes import Keys, location  # noqa: E402
+
+GiB = 1024**3
+MiB = 1024**2
+ORG = "ml-research"
+LOCATION = "aws-us-east-1"
+
+
+class Etcd:
+    """One etcd member on loopback, with its JSON gateway for status and maintenance."""
+
+    def __init__(self, directory: Path, quota: int | None = None) -> None:
+        self.port, peer = free_port(), free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        argv = [
+            str(bin_dir() / "etcd"),
+            "--name=capacity",
+            f"--data-dir={directory / 'data'}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls=http://{LOOPBACK}:{peer}",
+            f"--initial-advertise-peer-urls=http://{LOOPBACK}:{peer}",
+            f"--initial-cluster=capacity=http://{LOOPBACK}:{peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+        if quota is not None:
+            argv.append(f"--quota-backend-bytes={quota}")
+        self.server = Server("etcd capacity", argv, directory / "etcd.log")
+        self._compacted = 0
+
+    def start(self) -> Etcd:
+        self.server.start()
+        self.server.wait_ready(lambda: self._call("/health", None).get("health") == "true", 30)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop(timeout=5)
+
+    def _call(self, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, method="GET" if body is None else "POST"
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            found: dict[str, Any] = json.load(r)
+        return found
+
+    def status(self) -> dict[str, Any]:
+        return self._call("/v3/maintenance/status", {})
+
+    def db_size(self) -> int:
+        return int(self.status()["dbSize"])
+
+    def compact_and_defrag(self) -> int:
+        """etcdctl compact $(revision) --physical; etcdctl defrag; returns dbSize."""
+        revision = int(self.status()["header"]["revision"])
+        if revision != self._compacted:
+            self._call("/v3/kv/compaction", {"revision": revision, "physical": True})
+            self._compacted = revision
+        self._call("/v3/maintenance/defragment", {})
+        return self.db_size()
+
+    def defrag(self) -> int:
+        self._call("/v3/maintenance/defragment", {})
+        return self.db_size()
+
+    def alarms(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self._call("/v3/maintenance/alarm", {"action": "GET"}).get(
+            "alarms", []
+        )
+        return found
+
+    def disarm(self) -> None:
+        for alarm in self.alarms():
+            self._call(
+                "/v3/maintenance/alarm",
+                {"action": "DEACTIVATE", "memberID": alarm["memberID"], "alarm": alarm["alarm"]},
+            )
+
+
+# --- records as the service makes them ------------------------------------------------------
+
+
+def version_id(i: int) -> str:
+    """As o41.webhook.records.new_version: ms since the epoch (hex) and 64 random bits."""
+    return f"{int(time.time() * 1000) + i:012x}-{secrets.token_hex(8)}"
+
+
+def artifact(i: int) -> str:
+    return f"nlp/llama-8b-sft/run-{i % 1000:04d}/checkpoint"
+
+
+def pending(i: int, version: str, parts: int = 1) -> Pending:
+    name = artifact(i)
+    multipart = parts > 1
+    return Pending(
+        organization=ORG,
+        artifact=name,
+        version=version,
+        namespace="team-nlp",
+        location=LOCATION,
+        key=f"{name}/{version}",
+        rule="region",
+        cloud="aws",
+        region="us-east-1",
+        source="env",
+        size=2_147_483_648,
+        md5=None if multipart else secrets.token_hex(16),
+        upload_id=secrets.token_urlsafe(48) if multipart else None,
+        parts=parts,
+        began=time.time(),
+        crc32=[base64.b64encode(secrets.token_bytes(4)).decode() for _ in range(parts)]
+        if multipart
+        else None,
+    )
+
+
+def committed(p: Pending) -> Version:
+    return Version(
+        organization=p.organization,
+        artifact=p.artifact,
+        version=p.version,
+        location=p.location,
+        key=p.key,
+        size=p.size or 0,
+        md5=p.md5,
+        rule=p.rule,
+        cloud=p.cloud,
+        region=p.region,
+        source=p.source,
+        committed=time.time(),
+    )
+
+
+async def begin(store: EtcdStore, lease: int, i: int, parts: int = 1) -> Pending:
+    """What begin stores: the pending record under the minute's lease."""
+    p = pending(i, version_id(i), parts)
+    await store.put(pending_key(p.version), p.dump(), lease=lease)
+    return p
+
+
+async def commit(store: EtcdStore, p: Pending) -> None:
+    """What commit stores: one transaction deleting the pending record, putting the
+    version, guarded by the pending record's mod revision."""
+    found = await store.get(pending_key(p.version))
+    assert found is not None
+    result = await store.txn(
+        [Compare(pending_key(p.version), "mod", "==", found.mod_revision)],
+        [
+            Delete(pending_key(p.version)),
+            Put(version_key(p.organization, p.artifact, p.version), committed(p).dump()),
+        ],
+    )
+    assert result.succeeded
+
+
+def write_dims(i: int) -> dict[str, str | None]:
+    """A write counter's dimensions (o41.webhook.placement's commit), one place each."""
+    region = f"us-east-{i}"
+    return {
+        "cloud": "aws",
+        "region": region,
+        "source": "env",
+        "rule": "region",
+        "location": f"aws-{region}",
+        "locationCloud": "aws",
+        "locationRegion": region,
+    }
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    kind: str
+    records: int
+    db_bytes: int  # dbSize grown, after compaction (unless not asked) and defragmentation
+    logical: int  # key + value bytes, summed
+
+    @property
+    def per_record(self) -> float:
+        return self.db_bytes / self.records
+
+    @property
+    def logical_per_record(self) -> float:
+        return self.logical / self.records
+
+
+async def in_batches(n: int, one: Callable[[int], Awaitable[int]], width: int = 64) -> int:
+    """``one(i)`` for i below ``n``, ``width`` at a time; the sum of what they return."""
+    total = 0
+    for start in range(0, n, width):
+        done = await asyncio.gather(*(one(i) for i in range(start, min(n, start + width))))
+        total += sum(done)
+    return total
+
+
+async def measure(
+    etcd: Etcd, kind: str, n: int, write: Callable[[], Awaitable[int]], compact: bool = True
+) -> Measured:
+    before = etcd.compact_and_defrag()
+    logical = await write()
+    after = etcd.compact_and_defrag() if compact else etcd.defrag()
+    m = Measured(kind, n, after - before, logical)
+    print(
+        f"  {kind:44} {m.per_record:7.0f} B/record in dbSize"
+        f"  ({m.logical_per_record:4.0f} B key + value)",
+        flush=True,
+    )
+    return m
+
+
+async def sizes(directory: Path, n: int) -> list[Measured]:
+    etcd = Etcd(directory / "sizes").start()
+    store = EtcdStore([etcd.url], timeout=30)
+    found = []
+    try:
+        print(f"etcd {etcd.status()['version']}, {n:,} records of each kind", flush=True)
+        lease = await store.lease_grant(3600)
+
+        async def versions() -> int:
+            async def one(i: int) -> int:
+                p = await begin(store, lease, i)
+                await commit(store, p)
+                v = committed(p)
+                return len(version_key(ORG, v.artifact, v.version)) + len(v.dump())
+
+            return await in_batches(n, one)
+
+        async def pendings(parts: int) -> int:
+            async def one(i: int) -> int:
+                p = await begin(store, lease, i, parts)
+                return len(pending_key(p.version)) + len(p.dump())
+
+            return await in_batches(n, one)
+
+        found.append(await measure(etcd, "committed version (begin + commit)", n, versions))
+        found.append(
+            await measure(
+                etcd, "committed version, history not compacted", n, versions, compact=False
+            )
+        )
+        found.append(await measure(etcd, "pending write, single upload", n, lambda: pendings(1)))
+        await store.delete(pending_key(""), prefix=True)
+        found.append(
+            await measure(etcd, "pending write, multipart (64 parts)", n, lambda: pendings(64))
+        )
+        await store.delete(pending_key(""), prefix=True)
+
+        async def usage() -> int:
+            counters = Usage(store, interval=3600)
+            for i in range(n):
+                counters.add(ORG, "write", write_dims(i), versions=6, bytes=12_884_901_888)
+            await counters.flush()
+            records = await store.range(b"/o41/placement/usage/")
+            return sum(len(kv.key) + len(kv.value) for kv in records)
+
+        found.append(await measure(etcd, "usage counter record (one hour, place)", n, usage))
+        found.append(await collection_entries(etcd, n))
+    finally:
+        await store.close()
+        etcd.stop()
+    return found
+
+
+def entry_value(i: int) -> bytes:
+    """A typical entry: a worker's progress, as the Python client encodes it."""
+    return dumps({"step": 1200 + i, "loss": 0.8125, "worker": f"node-{i % 64}", "done": False})
+
+
+async def collection_entries(etcd: Etcd, n: int) -> Measured:
+    options = Options(limits=Limits(ops_per_second=0, bytes_per_second=0, entries=0, bytes=0))
+    app = make_app([etcd.url], "team-nlp", options, store_timeout=30)
+    async with TestClient(TestServer(app, host=LOOPBACK)) as client:
+
+        async def write() -> int:
+            async def one(i: int) -> int:
+                key, value = encode_key(f"worker-{i:06d}"), entry_value(i)
+                r = await client.post(
+                    "/v1/collections/run-0042/dict/progress/set",
+                    json={"key": key, "value": base64.b64encode(value).decode()},
+                )
+                assert r.status == 200, await r.text()
+                stored = f"/o41/collections/team-nlp/run-0042/dict/progress/e/{key}"
+                return len(stored) + len(value)
+
+            return await in_batches(n, one, width=32)
+
+        return await measure(etcd, "collection entry (dict, strong)", n, write)
+
+
+# --- the quota -------------------------------------------------------------------------------
+
+
+class PlacementService:
+    """The placement service's app in-process on ``store`` (etcd), with a stand-in bucket
+    over HTTP on 127.0.0.1 and two locations, as tests/test_writes.py runs it."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self.store = store
+        self.storage = Storage()
+        self.servers: list[TestServer] = []
+        self.url = ""
+
+    async def __aenter__(self) -> PlacementService:
+        buckets = TestServer(self.storage.app(), host=LOOPBACK)
+        await buckets.start_server()
+        self.servers.append(buckets)
+        self.storage.url = str(buckets.make_url("")).rstrip("/")
+        view = View()
+        view.put_location(location("east", "aws", "us-east-1", 1))
+        view.put_organization(
+            organization_source(
+                {"metadata": {"name": SERVICE_ORG}, "spec": {"namespaces": ["team-a"]}}
+            )
+        )
+        view.synced.set()
+        app = service_app.make_app(
+            service_app.Settings(usage_interval=3600),
+            FakeReviewer(),
+            store=self.store,
+            cluster=Cluster(view, Keys()),
+            buckets=self.storage.opener,
+        )
+        server = TestServer(app, host=LOOPBACK)
+        await server.start_server()
+        self.servers.append(server)
+        self.url = str(server.make_url("")).rstrip("/")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for server in reversed(self.servers):
+            await server.close()
+
+    async def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        headers = {"Authorization": "Bearer token-team-a"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as s,
+            s.request(method, self.url + path, json=body) as r,
+        ):
+            return r.status, await r.json(content_type=None)
+
+    async def begin(self, artifact: str, data: bytes) -> tuple[int, Any]:
+        """POST /v1/writes, and the upload when it is granted."""
+        place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+        body = {"organization": SERVICE_ORG, "artifact": artifact, "size": len(data)}
+        status, began = await self.api("POST", "/v1/writes", {**body, "place": place})
+        if status == 201:
+            single = began["upload"]["single"]
+            async with aiohttp.ClientSession() as s, s.put(single["url"], data=data) as r:
+                assert r.status == 200, await r.text()
+        return status, began
+
+    async def commit(self, version: str) -> tuple[int, Any]:
+        return await self.api("POST", f"/v1/writes/{version}/commit", {})
+
+    async def read(self, artifact: str, version: str) -> tuple[int, Any]:
+        path = f"/v1/organizations/{SERVICE_ORG}/artifacts/{artifact}/versions/{version}"
+        return await self.api("GET", path)
+
+
+async def nospace(directory: Path, quota: int) -> dict[str, str]:
+    """Fill an etcd with a ``quota`` of bytes through begin and commit; what then."""
+    etcd = Etcd(directory / "nospace", quota=quota).start()
+    store = EtcdStore([etcd.url], timeout=10)
+    seen: dict[str, str] = {}
+    options = Options(limits=Limits(ops_per_second=0, bytes_per_second=0, entries=0, bytes=0))
+    app = make_app([etcd.url], "team-nlp", options, store_timeout=10)
+    try:
+        async with (
+            TestClient(TestServer(app, host=LOOPBACK)) as client,
+            PlacementService(store) as service,
+        ):
+            status, kept = await service.begin("kept", b"committed before the alarm")
+            assert status == 201, kept
+            status, answer = await service.commit(kept["version"])
+            assert status == 200, answer
+            status, waiting = await service.begin("waiting", b"uploaded before the alarm")
+            assert status == 201, waiting
+            lease = await store.lease_grant(3600)
+            r = await client.post(
+                "/v1/collections/run-0042/dict/progress/set",
+                json={"key": encode_key("before"), "value": base64.b64encode(b"1").decode()},
+            )
+            assert r.status == 200
+            done = 0
+            last: Pending | None = None
+            while True:
+                step = "begin"
+                try:
+                    p = await begin(store, lease, done)
+                    step = "commit"
+                    await commit(store, p)
+                    last = p
+                except StoreUnavailable as e:
+                    seen[f"store, {step} (the service's {step} answers 503 with it)"] = str(e)
+                    break
+                done += 1
+            seen["versions committed before the alarm"] = f"{done:,} in a {quota / MiB:g} MiB quota"
+            seen["alarms"] = json.dumps(etcd.alarms())
+            seen["dbSize at the alarm"] = f"{etcd.db_size():,} B"
+            assert last is not None
+            v = await store.get(version_key(ORG, last.artifact, last.version))
+            seen["store: read a version (strong)"] = "works" if v is not None else "NOT FOUND"
+            status, answer = await service.commit(waiting["version"])
+            seen["service: POST /v1/writes/{version}/commit"] = f"{status} {json.dumps(answer)}"
+            status, answer = await service.begin("after", b"x")
+            seen["service: POST /v1/writes"] = f"{status} {json.dumps(answer)}"
+            status, answer = await service.read("kept", kept["version"])
+            seen["service: GET a version"] = f"{status} (location {answer.get('location')})"
+            status, answer = await service.api(
+                "GET", f"/v1/usage?organization={SERVICE_ORG}&window=24h"
+            )
+            seen["service: GET /v1/usage"] = f"{status}"
+            listed = await store.range(b"/o41/placement/versions/", limit=10)
+            seen["store: list versions"] = f"works ({len(listed)} of a page of 10)"
+            counters = Usage(store, interval=3600)
+            counters.add(ORG, "write", write_dims(0), versions=1, bytes=1)
+            logging.getLogger("o41.webhook.usage").setLevel(logging.ERROR)
+            await counters.flush()
+            kept = len(counters._counts)
+            seen["usage flush"] = f"refused; {kept} record kept in memory for the next flush"
+            r = await client.post(
+                "/v1/collections/run-0042/dict/progress/set",
+                json={"key": encode_key("after"), "value": base64.b64encode(b"2").decode()},
+            )
+            seen["collections HTTP: dict set (strong)"] = f"{r.status} {await r.text()}"
+            r = await client.post(
+                "/v1/collections/run-0042/dict/progress/set",
+                json={
+                    "key": encode_key("after-eventual"),
+                    "value": base64.b64encode(b"2").decode(),
+                    "consistency": "eventual",
+                },
+            )
+            seen["collections HTTP: dict set (eventual)"] = f"{r.status} {await r.text()}"
+            r = await client.post(
+                "/v1/collections/run-0042/dict/progress/get", json={"key": encode_key("before")}
+            )
+            seen["collections HTTP: dict get"] = f"{r.status} {await r.text()}"
+            try:
+                await store.delete(version_key(ORG, last.artifact, last.version))
+                seen["store: delete a key"] = "works"
+            except StoreUnavailable as e:
+                seen["store: delete a key"] = f"refused: {e}"
+            # the procedure of docs/capacity.md: free space, compact, defragment, disarm
+            await store.delete(b"/o41/placement/versions/", prefix=True)
+            etcd.compact_and_defrag()
+            etcd.disarm()
+            try:
+                p = await begin(store, lease, 0)
+                await commit(store, p)
+                seen["after delete + compact + defrag + disarm"] = (
+                    f"writes work again (dbSize {etcd.db_size():,} B, alarms "
+                    f"{json.dumps(etcd.alarms())})"
+                )
+            except StoreUnavailable as e:
+                seen["after delete + compact + defrag + disarm"] = f"still refused: {e}"
+    finally:
+        await store.close()
+        etcd.stop()
+    return seen
+
+
+def plan(found: list[Measured]) -> None:
+    per = {m.kind: m.per_record for m in found}
+    version = per["committed version (begin + commit)"]
+    usage = per["usage counter record (one hour, place)"]
+    print("\nplan:")
+    for quota in (2 * GiB, 8 * GiB):
+        print(f"  versions in {quota / GiB:g} GiB: {quota / version:,.0f}")
+    per_day = 1000 * 6 * 24
+    print(f"  1,000 jobs, a checkpoint every 10 min: {per_day:,} versions/day")
+    places = 50  # distinct dimension sets an hour, of each of begin, write and read
+    counters = places * 3 * 24 * usage
+    daily = per_day * version + counters
+    print(
+        f"  growth: {daily / MiB:,.1f} MiB/day ({per_day * version / MiB:,.1f} versions + "
+        f"{counters / MiB:,.2f} usage counters: {places} begin, write and read dimension "
+        "sets an hour each)"
+    )
+    for quota in (2 * GiB, 8 * GiB):
+        print(f"  days to {quota / GiB:g} GiB: {quota / daily:,.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=20_000, help="records of each kind")
+    parser.add_argument("--quota-mib", type=float, default=16, help="the small etcd's quota")
+    parser.add_argument("--skip-quota", action="store_true")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    with tempfile.TemporaryDirectory(prefix="o41-capacity-") as tmp:
+        found = asyncio.run(sizes(Path(tmp), args.records))
+        plan(found)
+        if not args.skip_quota:
+            print(f"\nNOSPACE (--quota-backend-bytes={int(args.quota_mib * MiB)}):")
+            for what, answer in asyncio.run(nospace(Path(tmp), int(args.quota_mib * MiB))).items():
+                print(f"  {what}: {answer}")
+
+
+if __name__ == "__main__":
+    main()
