@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from o41.core.placement import PlacementRefused
+from o41.core.versions import VersionRefused
 from o41.core.writes import CommitRefused, WriteRefused
 from o41.state import StoreUnavailable
 from o41.storage import Reason, StorageError
@@ -110,7 +111,7 @@ def answer(e: Exception) -> web.HTTPException | None:
     """The HTTP answer to a failure of the service or of a rule, None for a bug."""
     if isinstance(e, StoreUnavailable):
         return problem(503, f"the state store is unavailable ({e}); retry shortly")
-    if isinstance(e, WriteRefused):
+    if isinstance(e, WriteRefused | VersionRefused):
         return problem(400, str(e))
     if isinstance(e, PlacementRefused | CommitRefused):
         return problem(409, str(e))

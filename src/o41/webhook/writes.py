@@ -24,6 +24,13 @@ from o41.api import NAME_PATTERN, LocationSpec
 from o41.core.parts import MAX_PARTS
 from o41.core.placement import place_write
 from o41.core.places import Place, locality
+from o41.core.versions import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_KEYS,
+    check_metadata,
+    check_tag,
+    index_suffix,
+)
 from o41.core.writes import (
     Declared,
     Held,
@@ -49,7 +56,18 @@ from o41.webhook.keys import (
     USAGE,
     VIEW,
 )
-from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
+from o41.webhook.records import (
+    ArtifactRecord,
+    Pending,
+    Tag,
+    Version,
+    artifact_key,
+    index_prefix,
+    new_version,
+    pending_key,
+    tag_key,
+    version_key,
+)
 from o41.webhook.view import OrganizationView
 
 log = logging.getLogger(__name__)
@@ -92,11 +110,25 @@ class BeginIn(Model):
     exclude: list[str] = Field(default_factory=list, max_length=100)
     part_size: int | None = Field(default=None, alias="partSize", ge=1)
     crc32: list[str] | None = Field(default=None, max_length=MAX_PARTS)
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description=f"The user's JSON key/values (step, epoch, metrics): at most "
+        f"{MAX_METADATA_KEYS} keys, {MAX_METADATA_BYTES} bytes as JSON",
+    )
+    tag: str | None = Field(
+        default=None, max_length=200, description="A tag moved to this version at commit"
+    )
 
 
 class CommitIn(Model):
     etags: list[str] = Field(default_factory=list, max_length=MAX_PARTS)
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="Merged over the metadata given at begin"
+    )
+    tag: str | None = Field(
+        default=None, max_length=200, description="A tag moved to this version (over begin's)"
+    )
 
 
 # --- the service's state -----------------------------------------------------------------
@@ -244,6 +276,8 @@ async def upload(
 async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     plan = upload_plan(body.size, body.part_size, body.crc32)
+    metadata = check_metadata(body.metadata)
+    tag = None if body.tag is None else check_tag(body.tag)
     org = organization_for(app, body.organization, namespace)
     view, place = app[VIEW], body.place.place
     chosen = place_write(
@@ -276,6 +310,8 @@ async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str
         parts=plan.parts,
         began=time.time(),
         crc32=body.crc32,
+        metadata=metadata,
+        tag=tag,
     )
     await put_pending(app, version, pending.dump())
     app[USAGE].add(
@@ -312,6 +348,10 @@ async def commit(
     pending = Pending.load(found.value)
     if pending.namespace != namespace:
         raise problem(403, f"write {version!r} began in another namespace")
+    metadata = pending.metadata
+    if body.metadata is not None:
+        metadata = check_metadata({**(metadata or {}), **body.metadata})
+    tag = pending.tag if body.tag is None else check_tag(body.tag)
     location = app[VIEW].locations.get(pending.location)
     if location is None:
         raise problem(409, f"location {pending.location!r} is gone; begin again")
@@ -344,12 +384,24 @@ async def commit(
         region=pending.region,
         source=pending.source,
         committed=time.time(),
+        metadata=metadata,
     )
-    vkey = version_key(pending.organization, pending.artifact, version)
-    result = await store.txn(
-        [Compare(pending_key(version), "mod", "==", found.mod_revision)],
-        [Delete(pending_key(version)), Put(vkey, record.dump())],
-    )
+    org, artifact = pending.organization, pending.artifact
+    vkey = version_key(org, artifact, version)
+    dumped = record.dump()
+    made: list[Delete | Put] = [
+        Delete(pending_key(version)),
+        Put(vkey, dumped),
+        Put(index_prefix(org, artifact) + index_suffix(record.committed, version).encode(), dumped),
+        Put(
+            artifact_key(org, artifact),
+            ArtifactRecord(artifact, version, record.committed).dump(),
+        ),
+    ]
+    if tag is not None:
+        moved = Tag(version, record.committed, namespace)
+        made.append(Put(tag_key(org, artifact, tag), moved.dump()))
+    result = await store.txn([Compare(pending_key(version), "mod", "==", found.mod_revision)], made)
     if not result.succeeded and await store.get(vkey) is None:
         raise problem(409, f"write {version!r} changed while committing; commit again")
     if result.succeeded:  # only the commit that made the version counts it (not replays)
@@ -369,7 +421,13 @@ async def commit(
             versions=1,
             bytes=held.size,
         )
-    return {"version": version, "location": location.name, "size": held.size, "md5": record.md5}
+    return {
+        "version": version,
+        "location": location.name,
+        "size": held.size,
+        "md5": record.md5,
+        "tag": tag,
+    }
 
 
 async def read(
@@ -377,17 +435,16 @@ async def read(
     namespace: str,
     organization: str,
     artifact: str,
-    version: str,
+    ref: str,
     reader: Place,
 ) -> dict[str, Any]:
-    """Where a version lives, how far that is from the reader, and a download."""
+    """Where a version lives, how far that is from the reader, and a download. ``ref`` is
+    a version id, ``latest`` or a tag, resolved here; the answer names the version."""
+    from o41.webhook.versions import resolve
+
     org = organization_for(app, organization, namespace)
-    found = await app[STORE].get(version_key(org.name, artifact, version))
-    if found is None:
-        raise problem(
-            404, f"organization {org.name!r} has no committed version {version!r} of {artifact!r}"
-        )
-    record = Version.load(found.value)
+    record, tag = await resolve(app, org.name, artifact, ref)
+    version = record.version
     location = app[VIEW].locations.get(record.location)
     if location is None:
         raise problem(503, f"location {record.location!r} is not known to the service yet")
@@ -418,4 +475,8 @@ async def read(
         "size": record.size,
         "md5": record.md5,
         "download": signed(download),
+        "requested": ref,
+        "tag": tag,
+        "committed": record.committed,
+        "metadata": record.metadata or {},
     }
