@@ -148,3 +148,57 @@ async def test_bad_metadata_and_tags_are_refused_before_anything_is_written(
     assert service.storage.signed == []
     code, out, _ = await o41(service, "versions", *art, "--json")
     assert code == 0 and json.loads(out)["versions"] == []
+
+
+async def test_the_example_jobs_script_resumes_from_latest(service: Service) -> None:
+    """examples/job.yaml's Python, as its two pods run it, twice: the second run of each pod
+    resumes at the step after the first run's checkpoint and reads the other's latest."""
+    import yaml
+
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "job.yaml").read_text()))
+    (job,) = [d for d in docs if d and d["kind"] == "Job"]
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+
+    async def pod(index: int, run: int) -> str:
+        code, out, err = await o41_python(service, script, index, compute=f"share-{run}")
+        assert code == 0, err
+        return out
+
+    first = await asyncio.gather(pod(0, 1), pod(1, 1))
+    assert all("resumed" not in out and "counter: 2" in out for out in first), first
+    second = await asyncio.gather(pod(0, 2), pod(1, 2))
+    for out in second:
+        assert "step 0" in out.split("resumed from", 1)[1].splitlines()[0], out
+        assert "tag first stays at" in out and "counter: 2" in out
+    latest = json.loads(
+        (await o41(service, "versions", "--org", ORG, "--artifact", "checkpoint-0", "--json"))[1]
+    )["versions"]
+    assert [v["metadata"]["step"] for v in latest] == [1, 0]
+
+
+async def o41_python(
+    service: Service, script: str, index: int, compute: str
+) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("O41_", "SKYPILOT_"))}
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT / "src"),
+            "O41_ARTIFACTS_ENDPOINT": service.url,
+            "O41_ARTIFACTS_TOKEN_FILE": str(service.token),
+            "O41_ARTIFACTS_CLOUD": "aws",
+            "O41_ARTIFACTS_REGION": "us-east-1",
+            "O41_COMPUTE": compute,
+            "JOB_COMPLETION_INDEX": str(index),
+        }
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script.replace("/tmp/other.bin", str(service.token.parent / f"other-{index}.bin")),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
