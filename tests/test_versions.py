@@ -16,7 +16,7 @@ import pytest
 
 from o41.artifacts import Client, Conflict, NotFound, Version
 from o41.core.places import Place
-from o41.core.versions import encode_cursor
+from o41.core.versions import WINDOW, encode_cursor, index_suffix
 from o41.state import KeyValue
 from o41.state.memory import MemoryStore
 from test_writes import ORG, Service, serve
@@ -80,32 +80,50 @@ async def test_versions_list_newest_first_a_page_at_a_time(service: Service) -> 
 
 
 async def test_a_page_of_many_versions_is_one_short_range_read(tmp_path: Path) -> None:
-    """The first page of an artifact with thousands of versions reads page + 1 keys,
-    not the artifact's versions."""
-    ranges: list[int] = []
+    """The first page of an artifact with thousands of versions is one range read of
+    page + 1 keys over a bounded window of the index, not over the artifact's versions
+    (etcd counts every key of a range, whatever its limit); the next pages continue."""
+    ranges: list[tuple[int, int]] = []
 
     class Counting(MemoryStore):
         async def range(self, prefix: bytes, **kw: Any) -> list[KeyValue]:
             found = await super().range(prefix, **kw)
-            if b"/index/" in prefix:
-                ranges.append(len(found))
+            if b"/index/" in prefix and "limit" in kw:  # the service's reads
+                span = await super().range(prefix, start=kw["start"], end=kw["end"])
+                ranges.append((len(found), len(span)))
             return found
 
     store = Counting()
+    old = 5000
     async for service in serve(tmp_path, store=store):
         client = sdk(service)
-        written = await write_many(client, "many", 3)
-        # thousands more, as commits put them (the index key after the version's record)
+        (first,) = await write_many(client, "many", 1)
+        # thousands older than the real ones, as commits leave them (sequence numbers 1..)
         record = json.loads((await store.range(b"/o41/placement/index/ml/many/"))[0].value)
-        for i in range(5000):
-            version = f"{i:012x}-{i:016x}"
-            suffix = f"{(1 << 64) - 1 - i:016x}-{version}"  # older than the real three
-            body = json.dumps({**record, "version": version, "committed": i / 1e6})
-            await store.put(f"/o41/placement/index/ml/many/{suffix}".encode(), body.encode())
+        await store.delete(b"/o41/placement/index/ml/many/", prefix=True)
+        for seq in range(1, old + 1):
+            version = f"{seq:012x}-{seq:016x}"
+            body = json.dumps({**record, "version": version, "seq": seq})
+            key = f"/o41/placement/index/ml/many/{index_suffix(seq, version)}"
+            await store.put(key.encode(), body.encode())
+        artifact = json.loads((await store.get(b"/o41/placement/artifacts/ml/many")).value)
+        await store.put(
+            b"/o41/placement/artifacts/ml/many", json.dumps({**artifact, "count": old}).encode()
+        )
+        del first
+        written = await write_many(client, "many", 3)  # sequence numbers 5001 to 5003
         ranges.clear()
         page = await call(next, client.pages(ORG, "many", page_size=50))
         assert [v.version for v in page.versions[:3]] == written[::-1]
-        assert len(page.versions) == 50 and ranges == [51]
+        assert [v.version for v in page.versions[3:5]] == [
+            f"{n:012x}-{n:016x}" for n in (old, old - 1)
+        ]
+        assert len(page.versions) == 50 and ranges == [(51, WINDOW)]  # one bounded read
+
+        ranges.clear()
+        seen = [v.version for v in await call(list, client.versions(ORG, "many", page_size=1000))]
+        assert len(seen) == old + 3 == len(set(seen))
+        assert all(span <= WINDOW for _, span in ranges)
 
 
 async def test_a_cursor_is_accepted_only_by_its_own_listing(service: Service) -> None:

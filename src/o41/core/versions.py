@@ -112,15 +112,32 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 # --- the index: newest first -------------------------------------------------------------
 
-
-def index_suffix(committed: float, version: str) -> str:
-    """The part of a version's index key after its artifact's prefix: the inverted
-    microsecond of its commit (newest sorts first), then the version id (unique)."""
-    return f"{_EVER - int(committed * 1_000_000):016x}-{version}"
+#: A read of the index spans at most this many commit sequence numbers (etcd counts every
+#: key of a range, whatever its limit: a window keeps a page's cost off the artifact's size).
+WINDOW = 2048
 
 
-def suffix_version(suffix: str) -> str:
-    return suffix[17:]
+def index_suffix(seq: int, version: str) -> str:
+    """The part of a version's index key after its artifact's prefix: the inverted commit
+    sequence number (1, 2, ... per artifact; newest sorts first), then the version id."""
+    return f"{_EVER - seq:016x}-{version}"
+
+
+def suffix_position(suffix: str) -> int:
+    """The inverted sequence number at the start of an index suffix."""
+    return int(suffix[:16], 16)
+
+
+def newest_position(count: int) -> int:
+    """Where the index of an artifact with ``count`` commits starts."""
+    return _EVER - count
+
+
+def window_end(position: int) -> str | None:
+    """The first suffix past the window that starts at ``position``; None when the window
+    reaches past the oldest version (sequence 1)."""
+    end = position + WINDOW
+    return None if end >= _EVER else f"{end:016x}"
 
 
 def page_limit(limit: int | None) -> int:

@@ -3,11 +3,12 @@
 - ``pending/<version>``: a write that began; bound to a lease, so a write never committed
   expires on its own.
 - ``versions/<org>/<artifact>/<version>``: a committed version: only these are readable.
-- ``index/<org>/<artifact>/<inverted commit time>-<version>``: the same record again,
-  newest first (``o41.core.versions.index_suffix``): a page of a listing, and ``latest``,
-  is one range read with a limit.
-- ``artifacts/<org>/<artifact>``: the artifact's name and its last commit (the listing of
-  an organization's artifacts).
+- ``index/<org>/<artifact>/<inverted commit sequence>-<version>``: the same record again,
+  newest first (``o41.core.versions.index_suffix``): a page of a listing is a range read
+  with a limit over a window of sequence numbers.
+- ``artifacts/<org>/<artifact>``: the artifact's name, its commit count and its latest
+  version; every commit of the artifact moves it by compare-and-set, so commits take
+  sequence numbers one at a time.
 - ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
 - ``usage/<org>/<hour>/<digest>``: counters, merged by compare-and-swap.
 """
@@ -133,6 +134,7 @@ class Version:
     source: str
     committed: float
     metadata: dict[str, Any] | None = None
+    seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
 
     def dump(self) -> bytes:
         return _dump(self)
@@ -159,8 +161,9 @@ class Tag:
 @dataclass(frozen=True, slots=True)
 class ArtifactRecord:
     artifact: str
-    latest: str  # the version of the last commit (a listing's hint; `latest` is the index's)
+    latest: str  # the version of the last commit: `latest`
     committed: float
+    count: int = 0  # commits so far: the last version's sequence number
 
     def dump(self) -> bytes:
         return _dump(self)

@@ -22,8 +22,11 @@ from o41.core.versions import (
     check_tag,
     cursor_key,
     encode_cursor,
+    newest_position,
     page_limit,
     ref_kind,
+    suffix_position,
+    window_end,
 )
 from o41.state import Compare, Delete, KeyValue, Put
 from o41.webhook.errors import problem
@@ -31,6 +34,7 @@ from o41.webhook.keys import STORE
 from o41.webhook.records import ArtifactRecord as ArtifactRow
 from o41.webhook.records import (
     Tag,
+    artifact_key,
     artifacts_prefix,
     index_prefix,
     tag_key,
@@ -102,22 +106,47 @@ async def list_versions(
     cursor: str | None,
     limit: int | None,
 ) -> dict[str, Any]:
-    """One page of an artifact's versions, newest first, and the cursor of the next."""
+    """One page of an artifact's versions, newest first, and the cursor of the next.
+
+    The index is read in windows of ``WINDOW`` sequence numbers from where the page
+    starts (the newest, or just after the cursor's key), each a range read with a limit:
+    etcd counts every key of a range whatever its limit, so the window, not the artifact's
+    size, bounds what a page costs."""
     org = organization_for(app, organization, namespace)
     check_artifact(artifact)
     size = page_limit(limit)
-    found, following = await _page(
-        app,
-        index_prefix(org.name, artifact),
-        f"versions/{org.name}/{artifact}",
-        "versions",
-        cursor,
-        size,
-    )
+    listing = f"versions/{org.name}/{artifact}"
+    prefix = index_prefix(org.name, artifact)
+    store = app[STORE]
+    if cursor:
+        after = cursor_key(listing, cursor, "versions")
+        start, position = prefix + after.encode() + b"\0", suffix_position(after)
+    else:
+        found = await store.get(artifact_key(org.name, artifact))
+        if found is None:
+            return {"organization": org.name, "artifact": artifact, "versions": [], "next": None}
+        position = newest_position(ArtifactRow.load(found.value).count)
+        start = prefix
+    rows: list[KeyValue] = []
+    while len(rows) <= size:
+        end = window_end(position)
+        rows += await store.range(
+            prefix,
+            limit=size + 1 - len(rows),
+            start=start,
+            end=b"" if end is None else prefix + end.encode(),
+        )
+        if end is None:
+            break
+        start, position = prefix + end.encode(), int(end, 16)
+    following = None
+    if len(rows) > size:
+        rows = rows[:size]
+        following = encode_cursor(listing, rows[-1].key[len(prefix) :].decode())
     return {
         "organization": org.name,
         "artifact": artifact,
-        "versions": [version_json(VersionRecord.load(kv.value)) for kv in found],
+        "versions": [version_json(VersionRecord.load(kv.value)) for kv in rows],
         "next": following,
     }
 
@@ -143,9 +172,14 @@ async def list_artifacts(
 
 
 async def newest(app: web.Application, organization: str, artifact: str) -> VersionRecord | None:
-    """The newest committed version: the first key of the index."""
-    found = await app[STORE].range(index_prefix(organization, artifact), limit=1)
-    return VersionRecord.load(found[0].value) if found else None
+    """The newest committed version: the artifact's record names it."""
+    store = app[STORE]
+    found = await store.get(artifact_key(organization, artifact))
+    if found is None:
+        return None
+    latest = ArtifactRow.load(found.value).latest
+    record = await store.get(version_key(organization, artifact, latest))
+    return None if record is None else VersionRecord.load(record.value)
 
 
 def _no_version(organization: str, artifact: str, ref: str) -> web.HTTPException:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
@@ -386,25 +386,8 @@ async def commit(
         committed=time.time(),
         metadata=metadata,
     )
-    org, artifact = pending.organization, pending.artifact
-    vkey = version_key(org, artifact, version)
-    dumped = record.dump()
-    made: list[Delete | Put] = [
-        Delete(pending_key(version)),
-        Put(vkey, dumped),
-        Put(index_prefix(org, artifact) + index_suffix(record.committed, version).encode(), dumped),
-        Put(
-            artifact_key(org, artifact),
-            ArtifactRecord(artifact, version, record.committed).dump(),
-        ),
-    ]
-    if tag is not None:
-        moved = Tag(version, record.committed, namespace)
-        made.append(Put(tag_key(org, artifact, tag), moved.dump()))
-    result = await store.txn([Compare(pending_key(version), "mod", "==", found.mod_revision)], made)
-    if not result.succeeded and await store.get(vkey) is None:
-        raise problem(409, f"write {version!r} changed while committing; commit again")
-    if result.succeeded:  # only the commit that made the version counts it (not replays)
+    succeeded = await make_version(store, pending, found.mod_revision, record, tag, namespace)
+    if succeeded:  # only the commit that made the version counts it (not replays)
         app[COUNTS].committed(location.name)
         app[USAGE].add(
             pending.organization,
@@ -428,6 +411,59 @@ async def commit(
         "md5": record.md5,
         "tag": tag,
     }
+
+
+COMMIT_ATTEMPTS = 20
+
+
+async def make_version(
+    store: Store,
+    pending: Pending,
+    pending_mod: int,
+    record: Version,
+    tag: str | None,
+    namespace: str,
+) -> bool:
+    """One transaction turns the pending write into the version: its record, its index
+    key (the artifact's next commit sequence number, newest first), the artifact's record
+    (its count and latest) and the tag given at write time. The artifact's record is
+    guarded by its revision, so commits of one artifact take sequence numbers one at a
+    time; one that loses to another commit of the artifact takes the next number. False
+    when another commit of this very write made the version first (a replay)."""
+    org, artifact, version = pending.organization, pending.artifact, pending.version
+    akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
+    for _ in range(COMMIT_ATTEMPTS):
+        current = await store.get(akey)
+        if current is None:
+            guard = Compare(akey, "version", "==", 0)
+            seq = 1
+        else:
+            guard = Compare(akey, "mod", "==", current.mod_revision)
+            seq = ArtifactRecord.load(current.value).count + 1
+        numbered = replace(record, seq=seq)
+        dumped = numbered.dump()
+        made: list[Delete | Put] = [
+            Delete(pending_key(version)),
+            Put(vkey, dumped),
+            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), dumped),
+            Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+        ]
+        if tag is not None:
+            moved = Tag(version, record.committed, namespace)
+            made.append(Put(tag_key(org, artifact, tag), moved.dump()))
+        pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
+        result = await store.txn([pending_guard, guard], made)
+        if result.succeeded:
+            return True
+        if await store.get(vkey) is not None:
+            return False  # made by a replay of this commit
+        still = await store.get(pending_key(version))
+        if still is None or still.mod_revision != pending_mod:
+            raise problem(409, f"write {version!r} changed while committing; commit again")
+        # another version of the artifact took the sequence number: the next one
+    raise StoreUnavailable(
+        f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
+    )
 
 
 async def read(
