@@ -9,6 +9,7 @@ import io
 import json
 import os
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ async def test_a_page_of_many_versions_is_one_short_range_read(tmp_path: Path) -
             body = json.dumps({**record, "version": version, "seq": seq})
             key = f"/o41/placement/index/ml/many/{index_suffix(seq, version)}"
             await store.put(key.encode(), body.encode())
-        artifact = json.loads((await store.get(b"/o41/placement/artifacts/ml/many")).value)
+        found = await store.get(b"/o41/placement/artifacts/ml/many")
+        assert found is not None
+        artifact = json.loads(found.value)
         await store.put(
             b"/o41/placement/artifacts/ml/many", json.dumps({**artifact, "count": old}).encode()
         )
@@ -342,3 +345,33 @@ async def test_open_streams_and_seeks(service: Service) -> None:
             assert f.read() == data  # whole, checked against its MD5
 
     await asyncio.to_thread(use)
+
+
+async def test_concurrent_commits_of_one_artifact_each_take_a_sequence_number(
+    tmp_path: Path,
+) -> None:
+    """Commits of one artifact race for its record: each that loses takes the next
+    number, so all are listed once, newest first, and latest is the last one numbered."""
+
+    class Slow(MemoryStore):
+        async def get(self, key: bytes, **kw: Any) -> KeyValue | None:
+            found = await super().get(key, **kw)
+            await asyncio.sleep(0.01)  # every commit reads the artifact before any writes
+            return found
+
+    async for service in serve(tmp_path, store=Slow()):
+        client = sdk(service)
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(8) as clients:  # not the loop's: the app's bucket calls use it
+            written = await asyncio.gather(
+                *(
+                    loop.run_in_executor(clients, client.write, ORG, "hot", f"v{i}".encode())
+                    for i in range(8)
+                )
+            )
+        listed = await call(lambda c=client: list(c.versions(ORG, "hot")))
+        assert sorted(v.version for v in listed) == sorted(w.version for w in written)
+        latest = await call(client.latest, ORG, "hot")
+        assert latest is not None and latest.version == listed[0].version
+        status, body = await service.api("GET", f"/v1/organizations/{ORG}/artifacts")
+        assert status == 200 and body["artifacts"][0]["lastVersion"] == listed[0].version
