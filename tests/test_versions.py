@@ -164,6 +164,13 @@ async def test_metadata_is_bounded_and_a_refused_write_writes_nothing(service: S
         body = {"organization": ORG, "artifact": "m", "place": PLACE, "size": 1, **fields}
         return await service.api("POST", "/v1/writes", body)
 
+    async def raw_begin(metadata: bytes) -> tuple[int, Any]:
+        head = json.dumps({"organization": ORG, "artifact": "m", "place": PLACE, "size": 1})
+        body = head[:-1].encode() + b', "metadata": ' + metadata + b"}"
+        return await service.api(
+            "POST", "/v1/writes", data=body, headers={"Content-Type": "application/json"}
+        )
+
     cases = [
         (await begin(metadata={f"k{i}": i for i in range(65)}), "at most 64"),
         (await begin(metadata={"big": "x" * 9000}), "at most 8192 bytes"),
@@ -174,6 +181,10 @@ async def test_metadata_is_bounded_and_a_refused_write_writes_nothing(service: S
         (await begin(tag="latest"), "cannot be a tag"),
         (await begin(tag="0193a1b2c3d4-9f8e7d6c5b4a3f2e"), "looks like a version id"),
         (await begin(metadata=[1, 2]), "metadata"),
+        (await raw_begin(b'{"x": NaN}'), "finite numbers"),
+        (await raw_begin(b'{"x": -Infinity}'), "finite numbers"),
+        (await raw_begin(b'{"x": "\\ud800"}'), "Invalid JSON"),
+        (await raw_begin(b'{"x": ' + b"9" * 5000 + b"}"), "Invalid JSON"),
     ]
     for (status, body), want in cases:
         assert status == 400 and want in body["error"], (status, body)

@@ -122,17 +122,15 @@ def _write(args: argparse.Namespace) -> int:
     except _errors() as e:
         return _fail(args, e)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "version": written.version,
-                    "location": written.location,
-                    "rule": written.rule,
-                    "warning": written.warning,
-                    "tag": written.tag,
-                }
-            )
-        )
+        found = {
+            "version": written.version,
+            "location": written.location,
+            "rule": written.rule,
+            "warning": written.warning,
+        }
+        if written.tag is not None:  # the format without --tag stays as it was
+            found["tag"] = written.tag
+        print(json.dumps(found))
     else:
         tagged = f", tagged {written.tag}" if written.tag else ""
         print(
@@ -150,16 +148,10 @@ def _read(args: argparse.Namespace) -> int:
     except _errors() as e:
         return _fail(args, e)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "location": got.location,
-                    "locality": got.locality,
-                    "version": got.version,
-                    "tag": got.tag,
-                }
-            )
-        )
+        answer: dict[str, str | None] = {"location": got.location, "locality": got.locality}
+        if args.version != got.version:  # read by latest or a tag: which version it was
+            answer.update(version=got.version, tag=got.tag)
+        print(json.dumps(answer))
     else:
         print(
             f"read {args.artifact} version {got.version} ({got.size} bytes) from location "

@@ -39,6 +39,7 @@ _INDEX = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{12}-[0-9a-f]{16}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # an artifact's name
 _EVER = (1 << 64) - 1
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_STRICT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 RefKind = Literal["version", "latest", "tag"]
 
@@ -101,7 +102,13 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
                 f"metadata key {key[:80]!r} is not allowed: 1 to 64 characters, a letter or "
                 "'_' first, then letters, digits, '_', '.' or '-'"
             )
-    size = len(_COMPACT(dict(metadata)).encode())
+    try:
+        size = len(_STRICT(dict(metadata)).encode())
+    except ValueError:  # NaN, Infinity, an integer past 4300 digits, a lone surrogate
+        raise VersionRefused(
+            "metadata must be plain JSON: finite numbers (no NaN or Infinity), integers of "
+            "at most 4300 digits, text without lone surrogates"
+        ) from None
     if size > MAX_METADATA_BYTES:
         raise VersionRefused(
             f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} bytes are kept: "
