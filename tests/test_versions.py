@@ -276,6 +276,9 @@ async def test_a_tag_given_at_write_time_moves_at_commit(service: Service, tmp_p
     path.write_bytes(b"w" * 1000)
     first = await call(client.write, ORG, "w", path, tag="production")
     assert first.tag == "production"
+    with path.open("rb") as handle:  # a file object that is not a BytesIO: spooled first
+        spooled = await call(client.write, ORG, "w", handle)
+    assert await call(client.read_bytes, ORG, "w", spooled.version) == b"w" * 1000
     second = await call(client.write, ORG, "w", io.BytesIO(b"second"), tag="production")
     found = await call(client.resolve, ORG, "w", "production")
     assert (found.version, found.tag) == (second.version, "production")

@@ -6,8 +6,9 @@
   ``metrics``): at most :data:`MAX_METADATA_KEYS` keys matching :data:`METADATA_KEY`, at
   most :data:`MAX_METADATA_BYTES` bytes as compact JSON.
 - The **index** of an artifact's versions sorts newest first: each version's key starts
-  with the inverted microsecond of its commit, so the first page of a listing is a range
-  read with a limit, however many versions there are.
+  with its inverted commit sequence number (1, 2, ... per artifact), so a page is a range
+  read with a limit over a window of :data:`WINDOW` numbers, however many versions there
+  are (etcd counts every key of a range: the window bounds that too).
 - A listing's **cursor** is the last key it showed, encoded; a cursor is accepted only
   for the listing it came from (:func:`cursor_key` checks it against the caller's prefix).
 
