@@ -87,11 +87,12 @@ def test_metadata_limits_name_the_limit() -> None:
         "step": 3,
         "metrics": {"loss": 0.1},
     }
-    for metadata, limit in [
+    cases: list[tuple[dict[str, object], str]] = [
         ({f"k{i}": 0 for i in range(65)}, "at most 64"),
         ({"x": "y" * 8200}, "at most 8192 bytes"),
         ({"1x": 0}, "metadata key '1x'"),
         ({"x": float("nan")}, "finite numbers"),
-    ]:
+    ]
+    for metadata, limit in cases:
         with pytest.raises(VersionRefused, match=limit):
             check_metadata(metadata)
