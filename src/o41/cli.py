@@ -28,7 +28,7 @@ def _place(args: argparse.Namespace) -> int:
     try:
         detection = explain_place()
     except PlaceConfigError as e:
-        print(f"o41 place: {e}", file=sys.stderr)
+        _fail(args, e)  # with --json, one JSON object on stderr
         return EXIT_CONFIG
     place = detection.place
     if args.json:
