@@ -56,6 +56,8 @@ async def test_the_program_version_and_the_read_version_are_apart(service: Servi
         assert (code, out) == (0, f"o41 {__version__}\n")
     code, _, err = await o41(service, "read", "--org", ORG, "--artifact", "a", "--output", "x")
     assert code == 2 and "--version" in err  # the read's --version is its own, required
+    code, _, err = await o41(service, "versions", "--artifact", "a", "--json")
+    assert code == 2 and "--org" in json.loads(err)["error"]  # a usage error, as JSON
 
 
 async def test_write_list_tag_and_read_by_tag_from_the_command_line(

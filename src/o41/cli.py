@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from o41.client.artifacts import Artifacts
@@ -250,11 +250,25 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
     _connection_options(parser)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one JSON object on stderr when the command line
+    has ``--json`` (exit status 2 either way)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            import json
+
+            self.exit(2, json.dumps({"error": f"{self.prog}: {message}", "status": None}) + "\n")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser; a new subcommand is one ``add_parser`` with a lazy handler."""
     from o41 import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="o41",
         description="O41 Artifacts: artifact placement across clouds. The program's own "
         "version is -V/--version before any command; `o41 read --version` names the "
@@ -342,7 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="o41: %(levelname)s: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    _Parser.json_errors = "--json" in given
+    args = parser.parse_args(given)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
