@@ -71,7 +71,9 @@ class Service:
             return r.status, await r.json(content_type=None)
 
 
-async def serve(tmp_path: Path, opener: Any = None) -> AsyncIterator[Service]:
+async def serve(
+    tmp_path: Path, opener: Any = None, store: MemoryStore | None = None
+) -> AsyncIterator[Service]:
     storage = Storage()
     bucket_server = TestServer(storage.app(), host="127.0.0.1")
     await bucket_server.start_server()
@@ -89,7 +91,7 @@ async def serve(tmp_path: Path, opener: Any = None) -> AsyncIterator[Service]:
     app = make_app(
         Settings(usage_interval=3600),
         FakeReviewer(),
-        store=MemoryStore(),
+        store=store or MemoryStore(),
         cluster=Cluster(view, Keys()),
         buckets=opener(storage) if opener else storage.opener,
     )
