@@ -409,22 +409,26 @@ def test_deleting_a_placement_pod_fails_no_write(installed: Installed) -> None:
     assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
 
 
-def etcd_pod(installed: Installed, index: int) -> dict[str, Any]:
-    pod: dict[str, Any] = installed.json("pod", f"{FULLNAME}-etcd-{index}", "-n", NAMESPACE)
-    return pod
+def etcd_pod(installed: Installed, index: int) -> dict[str, Any] | None:
+    """The member's pod, or None between its deletion and the StatefulSet's new one."""
+    name = f"{FULLNAME}-etcd-{index}"
+    found = installed.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json", check=False)
+    return json.loads(found) if found.strip() else None
 
 
 def test_deleting_an_etcd_member_loses_no_acknowledged_write(installed: Installed) -> None:
     """The StatefulSet brings the member back on its claim; every write the service
     acknowledged meanwhile can be read back afterwards."""
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
-    uid = etcd_pod(installed, 0)["metadata"]["uid"]
+    first = etcd_pod(installed, 0)
+    assert first is not None
+    uid = first["metadata"]["uid"]
     with write_loop(installed, "etcd-member") as loop:
         installed.kubectl("delete", "pod", "-n", NAMESPACE, f"{FULLNAME}-etcd-0", "--wait=false")
 
         def back() -> bool:
-            pod = etcd_pod(installed, 0)
-            return pod["metadata"]["uid"] != uid and all_ready(installed)
+            pod = etcd_pod(installed, 0)  # None for a moment: deleted, not yet made again
+            return pod is not None and pod["metadata"]["uid"] != uid and all_ready(installed)
 
         wait_for(back, timeout=300, what="etcd-0 back and Ready")
         loop.more()
