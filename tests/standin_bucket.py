@@ -120,7 +120,13 @@ class StandInBucket:
         when = dt.datetime.fromtimestamp(at, dt.UTC)
         return SignedRequest(method, f"{self._storage.url}{path}?{query}", {}, when)
 
-    def ensure(self, owner: str, creations: object = None) -> Ensured:
+    def ensure(
+        self,
+        owner: str,
+        creations: object = None,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
         raise NotImplementedError("the service never creates buckets")
 
     def check(self) -> None:
