@@ -21,6 +21,7 @@ from o41.core.parts import PART_SIZE
 from o41.core.places import Place
 from o41.location_record import LocationRecord
 from o41.locations import Location, read_location
+from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import ObjectStat
 from o41.webhook.app import Settings, make_app
@@ -71,7 +72,9 @@ class Service:
             return r.status, await r.json(content_type=None)
 
 
-async def serve(tmp_path: Path, opener: Any = None) -> AsyncIterator[Service]:
+async def serve(
+    tmp_path: Path, opener: Any = None, *, store: Store | None = None
+) -> AsyncIterator[Service]:
     storage = Storage()
     bucket_server = TestServer(storage.app(), host="127.0.0.1")
     await bucket_server.start_server()
@@ -89,7 +92,7 @@ async def serve(tmp_path: Path, opener: Any = None) -> AsyncIterator[Service]:
     app = make_app(
         Settings(usage_interval=3600),
         FakeReviewer(),
-        store=MemoryStore(),
+        store=store or MemoryStore(),
         cluster=Cluster(view, Keys()),
         buckets=opener(storage) if opener else storage.opener,
     )

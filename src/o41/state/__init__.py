@@ -72,6 +72,7 @@ class TxnResult:
 class WatchEvent:
     kind: Literal["put", "delete"]
     kv: KeyValue
+    prev: KeyValue | None = None  # the key before this event, from a watch with prev_kv
 
 
 class StoreUnavailable(Exception):
@@ -111,7 +112,12 @@ class Store(Protocol):
 
     async def lease_revoke(self, lease: int) -> None: ...
 
-    def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
+    def watch(
+        self, prefix: bytes, *, start_revision: int = 0, prev_kv: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix`` from ``start_revision`` (0: from now). With ``prev_kv``,
+        each event's ``prev`` is the key as it was before it (None if it did not exist)."""
+        ...
 
     async def close(self) -> None: ...
 
