@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from o41.operator.buckets import abort_uploads_after_days
-from support import wait_for
 from test_operator import Cluster, unique
 from test_operator import cluster as cluster
+
+from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores]
 
