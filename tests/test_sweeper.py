@@ -151,6 +151,8 @@ async def test_a_watch_with_prev_kv_gives_what_a_delete_removed() -> None:
 async def prev_kv_events(store: Store, p: bytes) -> None:
     with_prev = store.watch(p, prev_kv=True)
     without = store.watch(p)
+    deletes = store.watch(p, prev_kv=True, deletes_only=True)
+    only = asyncio.ensure_future(next_event(deletes))
     lease = await store.lease_grant(1)
     first = asyncio.ensure_future(next_event(with_prev))
     plain = asyncio.ensure_future(next_event(without))
@@ -163,5 +165,8 @@ async def prev_kv_events(store: Store, p: bytes) -> None:
     assert gone.kind == "delete"
     assert gone.prev is not None and (gone.prev.key, gone.prev.value) == (p + b"a", b"record")
     assert (await next_event(without)).prev is None
+    deleted = await only  # the put was not sent to this watch
+    assert (deleted.kind, deleted.kv.key, deleted.prev) == ("delete", p + b"a", gone.prev)
+    await deletes.aclose()  # type: ignore[attr-defined]
     await with_prev.aclose()  # type: ignore[attr-defined]
     await without.aclose()  # type: ignore[attr-defined]

@@ -113,10 +113,16 @@ class Store(Protocol):
     async def lease_revoke(self, lease: int) -> None: ...
 
     def watch(
-        self, prefix: bytes, *, start_revision: int = 0, prev_kv: bool = False
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """Events under ``prefix`` from ``start_revision`` (0: from now). With ``prev_kv``,
-        each event's ``prev`` is the key as it was before it (None if it did not exist)."""
+        each event's ``prev`` is the key as it was before it (None if it did not exist);
+        with ``deletes_only``, no puts are sent (etcd filters them out)."""
         ...
 
     async def close(self) -> None: ...

@@ -476,7 +476,12 @@ class EtcdStore:
     # watch
 
     async def watch(
-        self, prefix: bytes, *, start_revision: int = 0, prev_kv: bool = False
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """Events under ``prefix`` from ``start_revision`` (0: from now), in revision order;
         with ``prev_kv``, each with the key as it was before.
@@ -497,6 +502,7 @@ class EtcdStore:
                     range_end=prefix_end(prefix),
                     start_revision=next_revision,
                     prev_kv=prev_kv,
+                    filters=[rpc.WatchCreateRequest.NOPUT] if deletes_only else [],
                 )
                 await call.write(rpc.WatchRequest(create_request=create))
                 while True:

@@ -222,7 +222,12 @@ class MemoryStore:
     # watch
 
     async def watch(
-        self, prefix: bytes, *, start_revision: int = 0, prev_kv: bool = False
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         self._check()
         end = prefix_end(prefix)
@@ -241,6 +246,8 @@ class MemoryStore:
                 found = await queue.get()
                 if found is None:
                     return
+                if deletes_only and found.kind == "put":
+                    continue
                 yield found if prev_kv or found.prev is None else replace(found, prev=None)
         finally:
             self._watchers.remove(entry)

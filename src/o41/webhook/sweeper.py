@@ -56,7 +56,10 @@ class Sweeper:
         start, failures = 0, 0
         while True:
             try:
-                async for event in store.watch(PENDING_PREFIX, start_revision=start, prev_kv=True):
+                events = store.watch(
+                    PENDING_PREFIX, start_revision=start, prev_kv=True, deletes_only=True
+                )
+                async for event in events:
                     failures = 0
                     start = event.kv.mod_revision + 1
                     if event.kind == "delete" and event.prev is not None:
