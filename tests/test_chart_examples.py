@@ -42,7 +42,9 @@ def test_examples_cover_every_backend_with_its_secret_and_a_job() -> None:
     assert job["metadata"]["namespace"] in org["spec"]["namespaces"]
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "from o41 import sky" in script
-    assert '"o41", "write"' in script and '"o41", "read"' in script
+    assert "from o41 import artifacts" in script
+    assert 'artifacts.latest("ml", name)' in script  # it resumes from the latest version
+    assert "artifacts.write(" in script and "artifacts.read(" in script
     compile(script, "job.yaml", "exec")  # the Job's Python is at least valid Python
 
 

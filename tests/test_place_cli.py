@@ -112,6 +112,10 @@ def test_half_set_env_exits_2_with_one_line(present: str, missing: str, as_json:
     assert done.stderr.endswith("\n")
     assert done.stderr.count("\n") == 1
     assert missing in done.stderr
+    if as_json:  # an error is one JSON object on stderr when --json is given
+        assert missing in json.loads(done.stderr)["error"]
+    else:
+        assert done.stderr.startswith("o41 place: ")
 
 
 def test_human_output_explains_each_step(isolated: Path) -> None:

@@ -102,6 +102,10 @@ async def test_range_is_sorted_limited_and_prefix_exact(store: Store, p: bytes) 
     assert [kv.key for kv in got] == [p + b"r/" + k for k in (b"a", b"b", b"c", b"c/x")]
     assert [kv.value for kv in await store.range(p + b"r/", limit=2)] == [b"a", b"b"]
     assert len(await store.range(p + b"r/", consistency="eventual")) == 4
+    window = await store.range(p + b"r/", start=p + b"r/b", end=p + b"r/c/")
+    assert [kv.value for kv in window] == [b"b", b"c"]  # from start, before end
+    beyond = await store.range(p + b"r/", end=p + b"s")  # an end past the prefix: the prefix's
+    assert len(beyond) == 4
     assert await store.delete(p + b"r/", prefix=True) == 4
     assert await store.range(p + b"r/") == []
     assert await store.get(p + b"rr") is not None

@@ -125,7 +125,7 @@ async def test_two_replicas_sweep_a_write_once(tmp_path: Path) -> None:
 
 
 class _two_services:
-    def __init__(self, tmp_path: Path, store: Store) -> None:
+    def __init__(self, tmp_path: Path, store: MemoryStore) -> None:
         self._gens = [serve(tmp_path / n, store=store) for n in ("a", "b")]
         for n in ("a", "b"):
             (tmp_path / n).mkdir()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from o41.client.artifacts import Artifacts
@@ -28,7 +28,7 @@ def _place(args: argparse.Namespace) -> int:
     try:
         detection = explain_place()
     except PlaceConfigError as e:
-        print(f"o41 place: {e}", file=sys.stderr)
+        _fail(args, e)  # with --json, one JSON object on stderr
         return EXIT_CONFIG
     place = detection.place
     if args.json:
@@ -51,32 +51,91 @@ def _artifacts(args: argparse.Namespace) -> Artifacts:
     return Artifacts(endpoint=args.endpoint, token_file=args.token_file)
 
 
-def _write(args: argparse.Namespace) -> int:
+def _fail(args: argparse.Namespace, e: Exception) -> int:
+    """An error on stderr: ``o41 COMMAND: message``, or with ``--json`` one JSON object
+    ``{"error": message, "status": HTTP status or null, ...}`` (a tag's ``current``)."""
     import json
 
+    from o41.client.artifacts import ServiceError
+
+    if getattr(args, "json", False):
+        found: dict[str, object] = {"error": str(e), "status": None}
+        if isinstance(e, ServiceError):
+            found["status"] = e.status
+            found.update({k: v for k, v in e.body.items() if k not in found})
+        print(json.dumps(found), file=sys.stderr)
+    else:
+        print(f"o41 {args.command}: {e}", file=sys.stderr)
+    return 1
+
+
+def _errors() -> tuple[type[Exception], ...]:
     from o41.client.artifacts import ArtifactError
     from o41.client.place import PlaceConfigError
 
-    try:
-        written = _artifacts(args).write(args.org, args.artifact, args.file)
-    except (ArtifactError, PlaceConfigError, OSError) as e:
-        print(f"o41 write: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "version": written.version,
-                    "location": written.location,
-                    "rule": written.rule,
-                    "warning": written.warning,
-                }
+    return (ArtifactError, PlaceConfigError, OSError)
+
+
+def _metadata(given: list[str] | None) -> dict[str, object] | None:
+    """``--metadata`` as a dict: each ``KEY=VALUE`` (the value as JSON when it is JSON,
+    ``step=3`` is the number 3, else the text) or a JSON object, later ones over earlier."""
+    import json
+
+    if not given:
+        return None
+    found: dict[str, object] = {}
+    for item in given:
+        if item.lstrip().startswith("{"):
+            try:
+                obj = json.loads(item)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(
+                    f"--metadata {item[:40]!r}: not JSON: {e}"
+                ) from None
+            if not isinstance(obj, dict):
+                raise argparse.ArgumentTypeError("--metadata JSON must be an object")
+            found.update(obj)
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise argparse.ArgumentTypeError(
+                f"--metadata {item[:40]!r}: give KEY=VALUE or a JSON object"
             )
+        try:
+            found[key] = json.loads(value)
+        except ValueError:
+            found[key] = value
+    return found
+
+
+def _write(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        metadata = _metadata(args.metadata)
+    except argparse.ArgumentTypeError as e:
+        return _fail(args, e)
+    try:
+        written = _artifacts(args).write(
+            args.org, args.artifact, args.file, metadata=metadata, tag=args.tag
         )
+    except _errors() as e:
+        return _fail(args, e)
+    if args.json:
+        found = {
+            "version": written.version,
+            "location": written.location,
+            "rule": written.rule,
+            "warning": written.warning,
+        }
+        if written.tag is not None:  # the format without --tag stays as it was
+            found["tag"] = written.tag
+        print(json.dumps(found))
     else:
+        tagged = f", tagged {written.tag}" if written.tag else ""
         print(
             f"wrote {args.artifact} version {written.version} ({written.size} bytes) to "
-            f"location {written.location} (rule: {written.rule})"
+            f"location {written.location} (rule: {written.rule}){tagged}"
         )
     return 0
 
@@ -84,16 +143,15 @@ def _write(args: argparse.Namespace) -> int:
 def _read(args: argparse.Namespace) -> int:
     import json
 
-    from o41.client.artifacts import ArtifactError
-    from o41.client.place import PlaceConfigError
-
     try:
         got = _artifacts(args).read(args.org, args.artifact, args.version, args.output)
-    except (ArtifactError, PlaceConfigError, OSError) as e:
-        print(f"o41 read: {e}", file=sys.stderr)
-        return 1
+    except _errors() as e:
+        return _fail(args, e)
     if args.json:
-        print(json.dumps({"location": got.location, "locality": got.locality}))
+        answer: dict[str, str | None] = {"location": got.location, "locality": got.locality}
+        if args.version != got.version:  # read by latest or a tag: which version it was
+            answer.update(version=got.version, tag=got.tag)
+        print(json.dumps(answer))
     else:
         print(
             f"read {args.artifact} version {got.version} ({got.size} bytes) from location "
@@ -102,20 +160,126 @@ def _read(args: argparse.Namespace) -> int:
     return 0
 
 
-def _service_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--org", required=True, help="the Organization")
-    parser.add_argument("--artifact", required=True, help="the artifact's name")
+def _when(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _versions(args: argparse.Namespace) -> int:
+    import json
+
+    api = _artifacts(args)
+    try:
+        if args.artifact is None:
+            page = api.artifacts_page(args.org, args.cursor, args.limit)
+        else:
+            page = api.versions_page(args.org, args.artifact, args.cursor, args.limit)
+    except _errors() as e:
+        return _fail(args, e)
+    if args.json:
+        print(json.dumps(page))
+        return 0
+    if args.artifact is None:
+        for a in page["artifacts"]:
+            print(f"{a['artifact']}  last {a['lastVersion']}  {_when(a['lastCommitted'])}")
+    else:
+        for v in page["versions"]:
+            w = v["writer"]
+            where = f"{w['cloud'] or '?'}/{w['region'] or '?'}"
+            meta = json.dumps(v["metadata"], separators=(",", ":")) if v["metadata"] else ""
+            print(
+                f"{v['version']}  {_when(v['committed'])}  {v['size']:>12}  "
+                f"{v['location']}  from {where}  {meta}".rstrip()
+            )
+    if page.get("next"):
+        print(f"more: --cursor {page['next']}", file=sys.stderr)
+    return 0
+
+
+def _tag(args: argparse.Namespace) -> int:
+    import json
+
+    api = _artifacts(args)
+    try:
+        if args.name is None:
+            found: object = {"tags": api.tags(args.org, args.artifact)}
+        elif args.delete:
+            found = api.delete_tag(args.org, args.artifact, args.name, args.expect)
+        elif args.target is None:
+            found = api.resolve(args.org, args.artifact, args.name)
+        else:
+            check = args.expect is not None or args.expect_absent
+            found = api.move_tag(
+                args.org, args.artifact, args.name, args.target, args.expect, check=check
+            )
+    except _errors() as e:
+        return _fail(args, e)
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    assert isinstance(found, dict)
+    if args.name is None:
+        for t in found["tags"]:
+            print(f"{t['tag']}  {t['version']}  set {_when(t['set'])}")
+    elif args.delete:
+        print(f"deleted tag {args.name} (it pointed at {found['deleted']})")
+    elif args.target is None:
+        print(f"{args.name} is version {found['version']} (committed {_when(found['committed'])})")
+    else:
+        was = f" (was {found['previous']})" if found.get("previous") else " (new)"
+        print(f"tag {args.name} now points at {found['version']}{was}")
+    return 0
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="placement service URL (default: $O41_ARTIFACTS_ENDPOINT)"
     )
     parser.add_argument("--token-file", help="ServiceAccount token (default: the pod's)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object; an error is one JSON object on stderr",
+    )
+
+
+def _service_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--org", required=True, help="the Organization")
+    parser.add_argument("--artifact", required=True, help="the artifact's name")
+    _connection_options(parser)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one JSON object on stderr when the command line
+    has ``--json`` (exit status 2 either way)."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            import json
+
+            self.exit(2, json.dumps({"error": f"{self.prog}: {message}", "status": None}) + "\n")
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser; a new subcommand is one ``add_parser`` with a lazy handler."""
-    parser = argparse.ArgumentParser(
-        prog="o41", description="O41 Artifacts: artifact placement across clouds."
+    from o41 import __version__
+
+    parser = _Parser(
+        prog="o41",
+        description="O41 Artifacts: artifact placement across clouds. The program's own "
+        "version is -V/--version before any command; `o41 read --version` names the "
+        "artifact's version to read.",
+    )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action="version",
+        version=f"o41 {__version__}",
+        help="print the program's version and exit",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     place = sub.add_parser(
@@ -133,13 +297,56 @@ def build_parser() -> argparse.ArgumentParser:
     write = sub.add_parser("write", help="write FILE as a new version of an artifact")
     _service_options(write)
     write.add_argument("file", help="the file to upload")
+    write.add_argument(
+        "--metadata",
+        action="append",
+        metavar="KEY=VALUE|JSON",
+        help="kept with the version (repeat it; VALUE is read as JSON when it is JSON: "
+        "step=3 is a number); at most 64 keys, 8 KiB",
+    )
+    write.add_argument("--tag", help="move this tag to the new version when it commits")
     write.set_defaults(handler=_write)
 
     read = sub.add_parser("read", help="read a version of an artifact into a file")
     _service_options(read)
-    read.add_argument("--version", required=True, help="the version to read")
+    read.add_argument(
+        "--version",
+        required=True,
+        metavar="ID|latest|TAG",
+        help="the version to read: its id, 'latest' (the newest committed) or a tag",
+    )
     read.add_argument("--output", required=True, help="where to write it")
     read.set_defaults(handler=_read)
+
+    versions = sub.add_parser(
+        "versions",
+        help="list an artifact's versions, newest first (without --artifact: the artifacts)",
+    )
+    versions.add_argument("--org", required=True, help="the Organization")
+    versions.add_argument("--artifact", help="the artifact (leave out: list the artifacts)")
+    versions.add_argument("--limit", type=int, default=100, help="a page's size (1-1000)")
+    versions.add_argument("--cursor", help="continue after a page ('more: --cursor ...')")
+    _connection_options(versions)
+    versions.set_defaults(handler=_versions)
+
+    tag = sub.add_parser(
+        "tag",
+        help="list, show, move or delete an artifact's tags",
+        description="o41 tag --org O --artifact A: list the tags. ... NAME: the version it "
+        "points at. ... NAME VERSION: point it at VERSION (an id or 'latest'); with --expect "
+        "V only if it points at V now, with --expect-absent only if it does not exist (a "
+        "writer that loses gets an error naming where it points). ... NAME --delete.",
+    )
+    _service_options(tag)
+    tag.add_argument("name", nargs="?", help="the tag")
+    tag.add_argument("target", nargs="?", metavar="VERSION", help="an id or 'latest'")
+    expect = tag.add_mutually_exclusive_group()
+    expect.add_argument("--expect", metavar="VERSION", help="move only if it points here now")
+    expect.add_argument(
+        "--expect-absent", action="store_true", help="create only: fail if it exists"
+    )
+    tag.add_argument("--delete", action="store_true", help="delete the tag")
+    tag.set_defaults(handler=_tag)
     return parser
 
 
@@ -149,7 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="o41: %(levelname)s: %(message)s")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    _Parser.json_errors = "--json" in given
+    args = parser.parse_args(given)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.client
+import io
 import json
 import logging
 import os
@@ -47,10 +48,67 @@ class ArtifactError(Exception):
     """A refusal or failure the user can act on; the message says how."""
 
 
+class TransportError(ArtifactError):
+    """The placement service did not answer (refused, timed out, reset): retry."""
+
+
 class ServiceError(ArtifactError):
+    """The placement service refused or failed a request: ``status`` is its HTTP status,
+    ``body`` its JSON answer (``body["error"]`` is the message)."""
+
     def __init__(self, status: int, message: str, body: Mapping[str, Any]) -> None:
         super().__init__(message)
         self.status, self.body = status, body
+
+
+class BadRequest(ServiceError):
+    """400, 413, 415, 422: the request is wrong as sent; the message names the field."""
+
+
+class Unauthorized(ServiceError):
+    """401: no token, or one the cluster does not accept."""
+
+
+class Forbidden(ServiceError):
+    """403: the pod's namespace may not use the organization (or the write)."""
+
+
+class NotFound(ServiceError):
+    """404: no such organization, artifact, version or tag."""
+
+
+class Conflict(ServiceError):
+    """409: the state moved under the request (a tag another writer moved: ``current``
+    is the version it points at now), or the upload is not complete yet."""
+
+    @property
+    def current(self) -> str | None:
+        value = self.body.get("current")
+        return value if isinstance(value, str) else None
+
+
+class Unavailable(ServiceError):
+    """429, 503 and other 5xx: retry shortly (a location that failed is named)."""
+
+
+def service_error(status: int, message: str, body: Mapping[str, Any]) -> ServiceError:
+    """The :class:`ServiceError` subclass of ``status``."""
+    cls: type[ServiceError]
+    if status in (400, 413, 415, 422):
+        cls = BadRequest
+    elif status == 401:
+        cls = Unauthorized
+    elif status == 403:
+        cls = Forbidden
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = Conflict
+    elif status == 429 or status >= 500:
+        cls = Unavailable
+    else:
+        cls = ServiceError
+    return cls(status, message, body)
 
 
 def _failed_location(e: ServiceError) -> str | None:
@@ -71,14 +129,20 @@ class Written:
     rule: str
     warning: str | None
     size: int
+    tag: str | None = None
 
 
 @dataclass(frozen=True)
 class Read:
-    version: str
+    version: str  # the version read (what ``latest`` or the tag named)
     location: str
     locality: str
     size: int
+    tag: str | None = None  # the tag it was read by, if any
+
+
+def _q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
 def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
@@ -115,7 +179,7 @@ class _Pool:
         method: str,
         url: str,
         headers: Mapping[str, str],
-        body: Callable[[], _Slice] | None = None,
+        body: Callable[[], _Body] | None = None,
     ) -> http.client.HTTPResponse:
         """The response to ``method url``; ``body`` makes the body (again, on a retry). A
         request on a reused connection that the server had closed is sent once more."""
@@ -216,18 +280,85 @@ class _Slice:
         self._file.close()
 
 
-def part_checksums(path: Path, size: int, part_size: int) -> list[str]:
-    """Each part's CRC32 (base64), read in parallel: the bucket checks every part against
-    it. zlib releases the GIL, so this costs a fraction of the upload."""
+class _BytesSlice:
+    """``length`` bytes of a buffer from ``offset``, as :class:`_Slice` reads a file."""
 
-    def one(n: int) -> str:
-        crc, left = 0, min(part_size, size - n * part_size)
-        with path.open("rb") as f:
-            f.seek(n * part_size)
+    def __init__(
+        self,
+        data: memoryview,
+        offset: int,
+        length: int,
+        progress: Callable[[int], None],
+        digest: Any = None,
+    ) -> None:
+        self._data, self._at, self._end = data, offset, offset + length
+        self._progress = progress
+        self.digest = digest
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._end - self._at
+        n = left if n < 0 else min(n, left, BLOCK)
+        chunk = bytes(self._data[self._at : self._at + n])
+        self._at += n
+        self._progress(n)
+        if self.digest is not None:
+            self.digest.update(chunk)
+        return chunk
+
+    def sendfile(self, sock: socket.socket) -> None:
+        while self._at < self._end:
+            n = min(self._end - self._at, 4 * BLOCK)
+            sock.sendall(self._data[self._at : self._at + n])
+            self._at += n
+            self._progress(n)
+
+    def close(self) -> None:
+        pass
+
+
+_Body = _Slice | _BytesSlice
+
+
+class _Source:
+    """What a write uploads: a file by its path (sent by the kernel, never copied) or
+    bytes in memory; each part is a slice of it."""
+
+    def __init__(self, path: Path | None = None, data: memoryview | None = None) -> None:
+        self.path, self.data = path, data
+        if path is not None:
+            self.size = path.stat().st_size
+        else:
+            assert data is not None
+            self.size = data.nbytes
+
+    def slice(
+        self, offset: int, length: int, progress: Callable[[int], None], digest: Any = None
+    ) -> _Body:
+        if self.path is not None:
+            return _Slice(self.path, offset, length, progress, digest)
+        assert self.data is not None
+        return _BytesSlice(self.data, offset, length, progress, digest)
+
+    def crc32(self, offset: int, length: int) -> str:
+        crc, left = 0, length
+        if self.data is not None:
+            return crc32_b64(zlib.crc32(self.data[offset : offset + length]))
+        assert self.path is not None
+        with self.path.open("rb") as f:
+            f.seek(offset)
             while left > 0 and (block := f.read(min(BLOCK, left))):
                 crc = zlib.crc32(block, crc)
                 left -= len(block)
         return crc32_b64(crc)
+
+
+def part_checksums(path: Path | _Source, size: int, part_size: int) -> list[str]:
+    """Each part's CRC32 (base64), read in parallel: the bucket checks every part against
+    it. zlib releases the GIL, so this costs a fraction of the upload."""
+    source = path if isinstance(path, _Source) else _Source(path=Path(path))
+
+    def one(n: int) -> str:
+        return source.crc32(n * part_size, min(part_size, size - n * part_size))
 
     with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as pool:
         return list(pool.map(one, range(part_count(size, part_size))))
@@ -306,8 +437,9 @@ class Artifacts:
             resp = conn.getresponse()
             raw = resp.read()
         except OSError as e:
-            raise ArtifactError(
-                f"the placement service at {self.endpoint} did not answer: {e}"
+            raise TransportError(
+                f"the placement service at {self.endpoint} did not answer: {e}; check "
+                f"{ENV_ENDPOINT} and that the service runs, then retry"
             ) from None
         finally:
             conn.close()
@@ -317,25 +449,60 @@ class Artifacts:
             answer = {"error": raw[:200].decode(errors="replace")}
         if resp.status >= 400:
             message = answer.get("error") if isinstance(answer, dict) else None
-            raise ServiceError(resp.status, str(message or f"HTTP {resp.status}"), answer)
+            raise service_error(resp.status, str(message or f"HTTP {resp.status}"), answer)
         return answer
 
     # ----------------------------------------------------------------------------- write
 
-    def write(self, organization: str, artifact: str, path: str | Path) -> Written:
+    def write(
+        self,
+        organization: str,
+        artifact: str,
+        path: str | Path,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        tag: str | None = None,
+    ) -> Written:
         """Begin, upload straight to the bucket, commit. When the bucket fails, begin
-        again with that location excluded."""
-        path = Path(path)
-        size = path.stat().st_size
+        again with that location excluded. ``metadata`` (small JSON key/values) is kept
+        with the version; ``tag`` is moved to it at commit."""
+        return self._write(organization, artifact, _Source(path=Path(path)), metadata, tag)
+
+    def write_bytes(
+        self,
+        organization: str,
+        artifact: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        tag: str | None = None,
+    ) -> Written:
+        """:meth:`write` of bytes in memory (no copy to a file)."""
+        view = memoryview(data).cast("B")
+        return self._write(organization, artifact, _Source(data=view), metadata, tag)
+
+    def _write(
+        self,
+        organization: str,
+        artifact: str,
+        source: _Source,
+        metadata: Mapping[str, Any] | None,
+        tag: str | None,
+    ) -> Written:
+        size = source.size
         request: dict[str, Any] = {
             "organization": organization,
             "artifact": artifact,
             "place": self.place.as_json(),
             "size": size,
         }
+        if metadata is not None:
+            request["metadata"] = dict(metadata)
+        if tag is not None:
+            request["tag"] = tag
         if size > PART_SIZE:
             request["partSize"] = part_size = part_size_for(size)
-            request["crc32"] = part_checksums(path, size, part_size)
+            request["crc32"] = part_checksums(source, size, part_size)
         exclude: list[str] = []
         for _ in range(MAX_BEGINS):
             try:
@@ -350,7 +517,7 @@ class Artifacts:
             if began.get("warning"):
                 log.warning("%s", began["warning"])
             try:
-                etags, md5 = self._upload(path, size, began["upload"], began["location"])
+                etags, md5 = self._upload(source, size, began["upload"], began["location"])
             except UploadFailed as e:
                 log.warning("%s; beginning again without location %s", e, began["location"])
                 exclude.append(began["location"])
@@ -358,14 +525,19 @@ class Artifacts:
             commit: dict[str, Any] = {"etags": etags}
             if md5:
                 commit["md5"] = md5
-            self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
+            done = self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
             return Written(
-                began["version"], began["location"], began["rule"], began.get("warning"), size
+                began["version"],
+                began["location"],
+                began["rule"],
+                began.get("warning"),
+                size,
+                done.get("tag"),
             )
         raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
 
     def _upload(
-        self, path: Path, size: int, upload: Mapping[str, Any], location: str
+        self, source: _Source, size: int, upload: Mapping[str, Any], location: str
     ) -> tuple[list[str], str | None]:
         """Upload the file; returns each part's ETag, and the MD5 of a single upload."""
         progress = Progress(size, f"upload to {location}")
@@ -374,9 +546,9 @@ class Artifacts:
             if "single" in upload:
                 hashes: list[Any] = []  # a retry hashes from the start again
 
-                def whole() -> _Slice:
+                def whole() -> _Body:
                     hashes.append(hashlib.md5())  # noqa: S324 - integrity
-                    return _Slice(path, 0, size, progress, hashes[-1])
+                    return source.slice(0, size, progress, hashes[-1])
 
                 self._put(pool, upload["single"], whole, size, location)
                 return [], hashes[-1].hexdigest()
@@ -388,8 +560,8 @@ class Artifacts:
                 offset = n * part_size
                 length = min(part_size, size - offset)
 
-                def body() -> _Slice:
-                    return _Slice(path, offset, length, progress)
+                def body() -> _Body:
+                    return source.slice(offset, length, progress)
 
                 return self._put(pool, parts[n], body, length, location)
 
@@ -402,7 +574,7 @@ class Artifacts:
         self,
         pool: _Pool,
         req: Mapping[str, Any],
-        body: Callable[[], _Slice],
+        body: Callable[[], _Body],
         length: int,
         location: str,
     ) -> str:
@@ -422,14 +594,23 @@ class Artifacts:
 
     # ------------------------------------------------------------------------------ read
 
-    def read(self, organization: str, artifact: str, version: str, output: str | Path) -> Read:
-        """Download a version to ``output`` (written whole or not at all)."""
+    def locate(self, organization: str, artifact: str, version: str) -> dict[str, Any]:
+        """Where ``version`` (an id, ``latest`` or a tag) lives, and a signed download;
+        the answer's ``version`` is the one the service resolved."""
         place = self.place
         query = urllib.parse.urlencode({k: v for k, v in place.as_json().items() if v is not None})
-        found = self.call(
+        found: dict[str, Any] = self.call(
             "GET",
-            f"/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}?{query}",
+            f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/versions/"
+            f"{_q(version)}?{query}",
         )
+        return found
+
+    def read(self, organization: str, artifact: str, version: str, output: str | Path) -> Read:
+        """Download a version (an id, ``latest`` or a tag) to ``output`` (written whole or
+        not at all)."""
+        found = self.locate(organization, artifact, version)
+        version = found["version"]
         output = Path(output)
         partial = output.with_name(output.name + ".o41-partial")
         size: int = found["size"]
@@ -452,7 +633,84 @@ class Artifacts:
         finally:
             pool.close()
         partial.replace(output)
-        return Read(version, found["location"], found["locality"], got)
+        return Read(version, found["location"], found["locality"], got, found.get("tag"))
+
+    def read_bytes(self, organization: str, artifact: str, version: str) -> tuple[bytes, Read]:
+        """A version's bytes in memory, checked against its size (and MD5 when known)."""
+        found = self.locate(organization, artifact, version)
+        with RangeReader(found, self.timeout) as raw:
+            data = raw.readall()
+        return data, Read(
+            found["version"], found["location"], found["locality"], len(data), found.get("tag")
+        )
+
+    # ------------------------------------------------------------------ versions and tags
+
+    def versions_page(
+        self, organization: str, artifact: str, cursor: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """One page of an artifact's versions, newest first (``next``: the next page's
+        cursor, or None after the last)."""
+        query = urllib.parse.urlencode({"limit": limit, **({"cursor": cursor} if cursor else {})})
+        page: dict[str, Any] = self.call(
+            "GET", f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/versions?{query}"
+        )
+        return page
+
+    def artifacts_page(
+        self, organization: str, cursor: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        query = urllib.parse.urlencode({"limit": limit, **({"cursor": cursor} if cursor else {})})
+        page: dict[str, Any] = self.call(
+            "GET", f"/v1/organizations/{_q(organization)}/artifacts?{query}"
+        )
+        return page
+
+    def resolve(self, organization: str, artifact: str, ref: str) -> dict[str, Any]:
+        """The version ``ref`` (an id, ``latest`` or a tag) names, with its metadata."""
+        found: dict[str, Any] = self.call(
+            "GET", f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags/{_q(ref)}"
+        )
+        return found
+
+    def tags(self, organization: str, artifact: str) -> list[dict[str, Any]]:
+        found = self.call(
+            "GET", f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags"
+        )
+        tags: list[dict[str, Any]] = found["tags"]
+        return tags
+
+    def move_tag(
+        self,
+        organization: str,
+        artifact: str,
+        tag: str,
+        version: str,
+        expected: str | None = None,
+        *,
+        check: bool = False,
+    ) -> dict[str, Any]:
+        """Point ``tag`` at ``version``. With ``check``, only if it points at ``expected``
+        now (None: only if it does not exist); a writer that lost gets :class:`Conflict`."""
+        body: dict[str, Any] = {"version": version}
+        if check:
+            body["expected"] = expected
+        moved: dict[str, Any] = self.call(
+            "PUT",
+            f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags/{_q(tag)}",
+            body,
+        )
+        return moved
+
+    def delete_tag(
+        self, organization: str, artifact: str, tag: str, expected: str | None = None
+    ) -> dict[str, Any]:
+        query = f"?expected={_q(expected)}" if expected else ""
+        deleted: dict[str, Any] = self.call(
+            "DELETE",
+            f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags/{_q(tag)}{query}",
+        )
+        return deleted
 
     def _stream(
         self, pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress
@@ -538,3 +796,117 @@ class Artifacts:
 
 class _NoRanges(Exception):
     """The store answered a ranged GET with the whole object."""
+
+
+class RangeReader(io.RawIOBase):
+    """A version's bytes as a file object, read from the bucket as they are asked for: one
+    streaming GET from the current position, a ranged GET again after a seek. Read from
+    start to end without seeking, the bytes are checked against the version's size and,
+    when the service gave one, its MD5 (:class:`ArtifactError` at the end if they differ)."""
+
+    def __init__(self, found: Mapping[str, Any], timeout: float) -> None:
+        super().__init__()
+        self._found = found
+        self._size: int = found["size"]
+        self._timeout = timeout
+        self._pos = 0
+        self._resp: http.client.HTTPResponse | None = None
+        self._conn: http.client.HTTPConnection | None = None
+        self._md5: Any = hashlib.md5() if found.get("md5") else None  # noqa: S324 - integrity
+        self._whole = True  # read from 0 without a seek: the MD5 can be checked
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        pos = max(0, base + offset)
+        if pos != self._pos:
+            self._drop()
+            self._whole = False
+            self._pos = pos
+        return self._pos
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._resp = None
+
+    def _open(self) -> http.client.HTTPResponse:
+        req = self._found["download"]
+        conn, target = _connection(req["url"], self._timeout)
+        headers = dict(req["headers"])
+        if self._pos:
+            headers["Range"] = f"bytes={self._pos}-"
+        try:
+            conn.request(req["method"], target, headers=headers)
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise ArtifactError(
+                f"download from {self._found['location']} failed: {e}; read it again"
+            ) from None
+        if resp.status not in (200, 206) or (self._pos and resp.status != 206):
+            conn.close()
+            raise ArtifactError(
+                f"location {self._found['location']} answered HTTP {resp.status} to the "
+                "download: read it again (the URL lasts 15 minutes)"
+            )
+        self._conn, self._resp = conn, resp
+        return resp
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos >= self._size:
+            self._finish()
+            return 0
+        resp = self._resp or self._open()
+        try:
+            n = resp.readinto(memoryview(buffer)[: self._size - self._pos])
+        except OSError as e:
+            self._drop()
+            raise ArtifactError(
+                f"download from {self._found['location']} failed: {e}; read it again"
+            ) from None
+        if n == 0:
+            self._drop()
+            raise ArtifactError(
+                f"download of {self._found['version']} stopped at byte {self._pos} of "
+                f"{self._size}: read it again"
+            )
+        if self._md5 is not None and self._whole:
+            self._md5.update(memoryview(buffer)[:n])
+        self._pos += n
+        if self._pos >= self._size:
+            self._finish()
+        return n
+
+    def _finish(self) -> None:
+        self._drop()
+        if self._md5 is not None and self._whole and self._md5.hexdigest() != self._found["md5"]:
+            self._md5 = None
+            raise ArtifactError(
+                f"download of {self._found['version']} is damaged (a bad checksum): read it again"
+            )
+
+    def readall(self) -> bytes:
+        out = bytearray(self._size - self._pos)
+        view, at = memoryview(out), 0
+        while at < len(out):
+            n = self.readinto(view[at:])
+            at += n
+        self._finish()
+        return bytes(out)
+
+    def close(self) -> None:
+        self._drop()
+        super().close()

@@ -93,9 +93,12 @@ class Store(Protocol):
         limit: int = 0,
         consistency: Consistency = "strong",
         start: bytes = b"",
+        end: bytes = b"",
     ) -> list[KeyValue]:
         """The keys under ``prefix`` in key order, from ``start`` (a key under it) on when
-        given (a page after the last key of the previous: ``last + b"\0"``)."""
+        given (a page after the last key of the previous: ``last + b"\0"``), and before
+        ``end`` when given. etcd counts every key of the range, whatever the ``limit``:
+        a bounded ``end`` keeps a short read short under a long prefix."""
         ...
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int: ...

@@ -380,10 +380,14 @@ class EtcdStore:
         limit: int = 0,
         consistency: Consistency = "strong",
         start: bytes = b"",
+        end: bytes = b"",
     ) -> list[KeyValue]:
+        range_end = prefix_end(prefix)
+        if end and (range_end == b"\0" or end < range_end):
+            range_end = end
         request = rpc.RangeRequest(
             key=max(prefix, start),
-            range_end=prefix_end(prefix),
+            range_end=range_end,
             limit=limit,
             serializable=consistency == "eventual",
         )

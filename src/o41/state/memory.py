@@ -66,17 +66,20 @@ class MemoryStore:
         limit: int = 0,
         consistency: Consistency = "strong",
         start: bytes = b"",
+        end: bytes = b"",
     ) -> list[KeyValue]:
         self._check()
-        return self._range(prefix, True, limit, start)
+        return self._range(prefix, True, limit, start, end)
 
     def _range(
-        self, key: bytes, prefix: bool, limit: int = 0, start: bytes = b""
+        self, key: bytes, prefix: bool, limit: int = 0, start: bytes = b"", before: bytes = b""
     ) -> list[KeyValue]:
         if not prefix:
             kv = self._data.get(key)
             return [] if kv is None else [kv]
         end = prefix_end(key)
+        if before and (end == b"\0" or before < end):
+            end = before
         lo = bisect.bisect_left(self._keys, max(key, start))
         hi = len(self._keys) if end == b"\0" else bisect.bisect_left(self._keys, end)
         if limit:

@@ -17,6 +17,7 @@ from aiohttp import hdrs, web
 
 from o41.collections.checks import CollectionError
 from o41.core.placement import PlacementRefused
+from o41.core.versions import VersionRefused
 from o41.core.writes import CommitRefused, WriteRefused
 from o41.state import StoreUnavailable
 from o41.storage import Reason, StorageError
@@ -115,7 +116,7 @@ def answer(e: Exception) -> web.HTTPException | None:
         retry_after: int | None = getattr(e, "retry_after", None)
         retry = {} if retry_after is None else {"Retry-After": str(retry_after)}
         return problem(e.status, str(e), headers=retry)
-    if isinstance(e, WriteRefused):
+    if isinstance(e, WriteRefused | VersionRefused):
         return problem(400, str(e))
     if isinstance(e, PlacementRefused | CommitRefused):
         return problem(409, str(e))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
-from o41.webhook.placement import BeginIn, CommitIn
+from o41.webhook.placement import BeginIn, CommitIn, TagIn
 
 REF = "#/components/schemas/{model}"
 
@@ -66,6 +66,7 @@ class CommitOut(Out):
     location: str
     size: int
     md5: str | None
+    tag: str | None = Field(description="The tag moved to this version, if any.")
 
 
 class ReadOut(Out):
@@ -77,6 +78,76 @@ class ReadOut(Out):
     size: int
     md5: str | None
     download: Signed
+    requested: str = Field(description="The reference asked for: an id, 'latest' or a tag.")
+    tag: str | None = Field(description="The tag it resolved, when it was one.")
+    committed: float
+    metadata: dict[str, Any]
+
+
+class Writer(Out):
+    cloud: str | None
+    region: str | None
+    source: str
+
+
+class VersionOut(Out):
+    version: str
+    location: str
+    size: int
+    md5: str | None
+    committed: float = Field(description="Seconds since the epoch.")
+    writer: Writer
+    rule: str
+    metadata: dict[str, Any]
+
+
+class VersionsOut(Out):
+    """One page, newest first; ``next`` is the cursor of the following page (null: last)."""
+
+    organization: str
+    artifact: str
+    versions: list[VersionOut]
+    next: str | None
+
+
+class ArtifactOut(Out):
+    artifact: str
+    last_version: str = Field(alias="lastVersion")
+    last_committed: float = Field(alias="lastCommitted")
+
+
+class ArtifactsOut(Out):
+    organization: str
+    artifacts: list[ArtifactOut]
+    next: str | None
+
+
+class TagOut(Out):
+    artifact: str
+    tag: str
+    version: str
+    set: float
+
+
+class TagMoved(TagOut):
+    previous: str | None
+
+
+class TagsOut(Out):
+    organization: str
+    artifact: str
+    tags: list[TagOut]
+
+
+class TagDeleted(Out):
+    artifact: str
+    tag: str
+    deleted: str
+
+
+class ResolvedOut(VersionOut):
+    requested: str
+    tag: str | None
 
 
 class UsageRecord(Out):
@@ -113,10 +184,17 @@ class Health(Out):
 _MODELS: list[type[BaseModel]] = [
     BeginIn,
     CommitIn,
+    TagIn,
     Error,
     BeginOut,
     CommitOut,
     ReadOut,
+    VersionsOut,
+    ArtifactsOut,
+    TagsOut,
+    TagMoved,
+    TagDeleted,
+    ResolvedOut,
     UsageOut,
     CollectionOut,
     CollectionsUsage,
@@ -167,6 +245,23 @@ def _query(*names: str, required: bool = False) -> list[dict[str, Any]]:
     return [
         {"name": n, "in": "query", "required": required, "schema": {"type": "string"}}
         for n in names
+    ]
+
+
+def _page() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
+        {
+            "name": "cursor",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "description": "The 'next' of the previous page."},
+        },
     ]
 
 
@@ -227,10 +322,57 @@ def document() -> dict[str, Any]:
                     "responses": _answers(200, CommitOut, "committed"),
                 }
             },
+            "/v1/organizations/{organization}/artifacts": {
+                "get": {
+                    "operationId": "artifacts",
+                    "summary": "An organization's artifacts, by name, a page at a time",
+                    "parameters": _path("organization") + _page(),
+                    "responses": _answers(200, ArtifactsOut, "a page of artifacts"),
+                }
+            },
+            "/v1/organizations/{organization}/artifacts/{artifact}/versions": {
+                "get": {
+                    "operationId": "versions",
+                    "summary": "An artifact's versions, newest first, a page at a time",
+                    "parameters": _path("organization", "artifact") + _page(),
+                    "responses": _answers(200, VersionsOut, "a page of versions"),
+                }
+            },
+            "/v1/organizations/{organization}/artifacts/{artifact}/tags": {
+                "get": {
+                    "operationId": "tags",
+                    "summary": "An artifact's tags and the versions they point at",
+                    "parameters": _path("organization", "artifact"),
+                    "responses": _answers(200, TagsOut, "the tags"),
+                }
+            },
+            "/v1/organizations/{organization}/artifacts/{artifact}/tags/{tag}": {
+                "get": {
+                    "operationId": "resolve",
+                    "summary": "The version a tag, 'latest' or an id names (no download)",
+                    "parameters": _path("organization", "artifact", "tag"),
+                    "responses": _answers(200, ResolvedOut, "the version it names"),
+                },
+                "put": {
+                    "operationId": "moveTag",
+                    "summary": "Point a tag at a version; with 'expected', only if it points "
+                    "there now (null: only if it does not exist); 409 names its target",
+                    "parameters": _path("organization", "artifact", "tag"),
+                    "requestBody": _body(TagIn),
+                    "responses": _answers(200, TagMoved, "moved"),
+                },
+                "delete": {
+                    "operationId": "deleteTag",
+                    "summary": "Delete a tag; with 'expected', only if it points there",
+                    "parameters": _path("organization", "artifact", "tag") + _query("expected"),
+                    "responses": _answers(200, TagDeleted, "deleted"),
+                },
+            },
             "/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}": {
                 "get": {
                     "operationId": "read",
-                    "summary": "Read a version: where it lives, its locality, a download",
+                    "summary": "Read a version (an id, 'latest' or a tag): where it lives, "
+                    "its locality, a download; the answer names the version it read",
                     "parameters": _path("organization", "artifact", "version")
                     + _query("cloud", "region", "source"),
                     "responses": _answers(200, ReadOut, "the version"),

@@ -1,4 +1,5 @@
-"""The placement API's views: begin a write, commit it, read a version.
+"""The placement API's views: begin a write, commit it, read a version; list artifacts
+and versions, move and delete tags.
 
 Each view parses its request, calls ``o41.webhook.writes`` (which applies the rules of
 ``o41.core`` around the store and the bucket) and answers; failures become answers in
@@ -13,12 +14,14 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from o41.jsonlimits import TooDeep, check_depth
-from o41.webhook import writes
+from o41.webhook import versions, writes
 from o41.webhook.auth import caller
 from o41.webhook.errors import problem
-from o41.webhook.writes import BeginIn, CommitIn, Model, PlaceIn
+from o41.webhook.scope import Model
+from o41.webhook.versions import TagIn
+from o41.webhook.writes import BeginIn, CommitIn, PlaceIn
 
-__all__ = ["BeginIn", "CommitIn", "PlaceIn", "parse", "routes"]
+__all__ = ["BeginIn", "CommitIn", "PlaceIn", "TagIn", "parse", "routes"]
 
 routes = web.RouteTableDef()
 
@@ -67,6 +70,108 @@ async def commit(request: web.Request) -> web.Response:
     version = request.match_info["version"]
     return web.json_response(
         await writes.commit(request.app, caller(request).namespace, version, body)
+    )
+
+
+def page(request: web.Request) -> tuple[str | None, int | None]:
+    """A listing's ``?cursor=`` and ``?limit=``."""
+    q = request.query
+    raw = q.get("limit")
+    limit = None
+    if raw is not None:
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 6:
+            raise problem(400, f"limit must be a whole number, not {raw[:20]!r}")
+        limit = int(raw)
+    cursor = q.get("cursor") or None
+    if cursor is not None and len(cursor) > 2000:
+        raise problem(400, "the cursor is damaged: pass the 'next' of the previous page as it was")
+    return cursor, limit
+
+
+@routes.get("/v1/organizations/{organization}/artifacts")
+async def artifacts(request: web.Request) -> web.Response:
+    """An organization's artifacts, by name, a page at a time."""
+    cursor, limit = page(request)
+    return web.json_response(
+        await versions.list_artifacts(
+            request.app,
+            caller(request).namespace,
+            request.match_info["organization"],
+            cursor,
+            limit,
+        )
+    )
+
+
+@routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions")
+async def list_versions(request: web.Request) -> web.Response:
+    """An artifact's versions, newest first, a page at a time."""
+    cursor, limit = page(request)
+    m = request.match_info
+    return web.json_response(
+        await versions.list_versions(
+            request.app,
+            caller(request).namespace,
+            m["organization"],
+            m["artifact"],
+            cursor,
+            limit,
+        )
+    )
+
+
+@routes.get("/v1/organizations/{organization}/artifacts/{artifact}/tags")
+async def tags(request: web.Request) -> web.Response:
+    """An artifact's tags and the versions they point at."""
+    m = request.match_info
+    return web.json_response(
+        await versions.list_tags(
+            request.app, caller(request).namespace, m["organization"], m["artifact"]
+        )
+    )
+
+
+@routes.get("/v1/organizations/{organization}/artifacts/{artifact}/tags/{tag}")
+async def resolve(request: web.Request) -> web.Response:
+    """The version a tag (or ``latest``, or an id) names, without a download."""
+    m = request.match_info
+    return web.json_response(
+        await versions.describe(
+            request.app, caller(request).namespace, m["organization"], m["artifact"], m["tag"]
+        )
+    )
+
+
+@routes.put("/v1/organizations/{organization}/artifacts/{artifact}/tags/{tag}")
+async def move_tag(request: web.Request) -> web.Response:
+    """Point a tag at a version; compare-and-set when the body says what it expects."""
+    body: TagIn = await parse(request, TagIn)
+    m = request.match_info
+    return web.json_response(
+        await versions.move_tag(
+            request.app,
+            caller(request).namespace,
+            m["organization"],
+            m["artifact"],
+            m["tag"],
+            body,
+        )
+    )
+
+
+@routes.delete("/v1/organizations/{organization}/artifacts/{artifact}/tags/{tag}")
+async def delete_tag(request: web.Request) -> web.Response:
+    """Delete a tag; with ``?expected=VERSION``, only if it points there."""
+    m = request.match_info
+    return web.json_response(
+        await versions.delete_tag(
+            request.app,
+            caller(request).namespace,
+            m["organization"],
+            m["artifact"],
+            m["tag"],
+            request.query.get("expected") or None,
+        )
     )
 
 

@@ -3,6 +3,13 @@
 - ``pending/<version>``: a write that began; bound to a lease, so a write never committed
   expires on its own.
 - ``versions/<org>/<artifact>/<version>``: a committed version: only these are readable.
+- ``index/<org>/<artifact>/<inverted commit sequence>-<version>``: the same record again,
+  newest first (``o41.core.versions.index_suffix``): a page of a listing is a range read
+  with a limit over a window of sequence numbers.
+- ``artifacts/<org>/<artifact>``: the artifact's name, its commit count and its latest
+  version; every commit of the artifact moves it by compare-and-set, so commits take
+  sequence numbers one at a time.
+- ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
 - ``usage/<org>/<hour>/<digest>``: counters, merged by compare-and-swap.
 """
 
@@ -27,6 +34,26 @@ def version_key(organization: str, artifact: str, version: str) -> bytes:
 
 def versions_prefix(organization: str, artifact: str) -> bytes:
     return PREFIX + f"versions/{organization}/{artifact}/".encode()
+
+
+def index_prefix(organization: str, artifact: str) -> bytes:
+    return PREFIX + f"index/{organization}/{artifact}/".encode()
+
+
+def artifact_key(organization: str, artifact: str) -> bytes:
+    return PREFIX + f"artifacts/{organization}/{artifact}".encode()
+
+
+def artifacts_prefix(organization: str) -> bytes:
+    return PREFIX + f"artifacts/{organization}/".encode()
+
+
+def tag_key(organization: str, artifact: str, tag: str) -> bytes:
+    return PREFIX + f"tags/{organization}/{artifact}/{tag}".encode()
+
+
+def tags_prefix(organization: str, artifact: str) -> bytes:
+    return PREFIX + f"tags/{organization}/{artifact}/".encode()
 
 
 def usage_prefix(organization: str) -> bytes:
@@ -81,6 +108,8 @@ class Pending:
     parts: int
     began: float
     crc32: list[str] | None = None  # each part's, when the client sent them
+    metadata: dict[str, Any] | None = None  # the user's, checked at begin
+    tag: str | None = None  # moved to this version at commit
 
     def dump(self) -> bytes:
         return _dump(self)
@@ -104,10 +133,41 @@ class Version:
     region: str | None
     source: str
     committed: float
+    metadata: dict[str, Any] | None = None
+    seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
 
     def dump(self) -> bytes:
         return _dump(self)
 
     @classmethod
     def load(cls, raw: bytes) -> Version:
+        return cls(**_known(cls, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    version: str
+    set: float  # when it was last moved
+    namespace: str  # who moved it last
+
+    def dump(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def load(cls, raw: bytes) -> Tag:
+        return cls(**_known(cls, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRecord:
+    artifact: str
+    latest: str  # the version of the last commit: `latest`
+    committed: float
+    count: int = 0  # commits so far: the last version's sequence number
+
+    def dump(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def load(cls, raw: bytes) -> ArtifactRecord:
         return cls(**_known(cls, raw))

@@ -38,10 +38,10 @@ from o41.webhook.errors import problem
 from o41.webhook.keys import PRICES, REVIEWER, STORE, USAGE, VIEW
 from o41.webhook.prices import load_prices
 from o41.webhook.records import usage_prefix
+from o41.webhook.scope import organization_for
 from o41.webhook.usage import hour
 from o41.webhook.usage_html import error_page, organizations, render, sign_in
 from o41.webhook.view import OrganizationView
-from o41.webhook.writes import organization_for
 
 COOKIE = "o41_usage_token"
 COOKIE_AGE = 3600  # a `kubectl create token` lasts an hour by default

@@ -14,16 +14,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from o41.api import NAME_PATTERN, LocationSpec
 from o41.core.parts import MAX_PARTS
 from o41.core.placement import place_write
 from o41.core.places import Place, locality
+from o41.core.versions import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_KEYS,
+    check_metadata,
+    check_tag,
+    index_suffix,
+)
 from o41.core.writes import (
     Declared,
     Held,
@@ -49,12 +56,23 @@ from o41.webhook.keys import (
     USAGE,
     VIEW,
 )
-from o41.webhook.records import Pending, Version, new_version, pending_key, version_key
-from o41.webhook.view import OrganizationView
+from o41.webhook.records import (
+    ArtifactRecord,
+    Pending,
+    Tag,
+    Version,
+    artifact_key,
+    index_prefix,
+    new_version,
+    pending_key,
+    tag_key,
+    version_key,
+)
+from o41.webhook.scope import ARTIFACT_PATTERN, Model, organization_for
+from o41.webhook.versions import resolve
 
 log = logging.getLogger(__name__)
 
-ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
 UPLOAD_EXPIRES = 3600
 DOWNLOAD_EXPIRES = 900
@@ -64,13 +82,6 @@ T = TypeVar("T")
 
 
 # --- the requests ------------------------------------------------------------------------
-
-
-class Model(BaseModel):
-    """Strict: JSON types as declared (``size: "5"`` or ``size: true`` is refused, not
-    converted), so a client's mistake is named instead of guessed at."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PlaceIn(Model):
@@ -92,11 +103,25 @@ class BeginIn(Model):
     exclude: list[str] = Field(default_factory=list, max_length=100)
     part_size: int | None = Field(default=None, alias="partSize", ge=1)
     crc32: list[str] | None = Field(default=None, max_length=MAX_PARTS)
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description=f"The user's JSON key/values (step, epoch, metrics): at most "
+        f"{MAX_METADATA_KEYS} keys, {MAX_METADATA_BYTES} bytes as JSON",
+    )
+    tag: str | None = Field(
+        default=None, max_length=200, description="A tag moved to this version at commit"
+    )
 
 
 class CommitIn(Model):
     etags: list[str] = Field(default_factory=list, max_length=MAX_PARTS)
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="Merged over the metadata given at begin"
+    )
+    tag: str | None = Field(
+        default=None, max_length=200, description="A tag moved to this version (over begin's)"
+    )
 
 
 # --- the service's state -----------------------------------------------------------------
@@ -181,22 +206,6 @@ async def bucket_for(app: web.Application, location: Location) -> OpenBucket:
     return app[BUCKETS].of(location, await app[SECRETS].credentials(location))
 
 
-def organization_for(app: web.Application, name: str, namespace: str) -> OrganizationView:
-    """The organization, if the caller's namespace may use it."""
-    org = app[VIEW].organizations.get(name)
-    if org is None:
-        raise problem(
-            404, f"organization {name!r} does not exist: `kubectl get organizations` lists them"
-        )
-    if namespace not in org.namespaces:
-        raise problem(
-            403,
-            f"namespace {namespace!r} may not use organization {name!r}: an administrator "
-            f"adds it to spec.namespaces of Organization {name!r}",
-        )
-    return org
-
-
 def signed(req: SignedRequest) -> dict[str, Any]:
     return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
 
@@ -244,6 +253,8 @@ async def upload(
 async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     plan = upload_plan(body.size, body.part_size, body.crc32)
+    metadata = check_metadata(body.metadata)
+    tag = None if body.tag is None else check_tag(body.tag)
     org = organization_for(app, body.organization, namespace)
     view, place = app[VIEW], body.place.place
     chosen = place_write(
@@ -276,6 +287,8 @@ async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str
         parts=plan.parts,
         began=time.time(),
         crc32=body.crc32,
+        metadata=metadata,
+        tag=tag,
     )
     await put_pending(app, version, pending.dump())
     app[USAGE].add(
@@ -312,6 +325,10 @@ async def commit(
     pending = Pending.load(found.value)
     if pending.namespace != namespace:
         raise problem(403, f"write {version!r} began in another namespace")
+    metadata = pending.metadata
+    if body.metadata is not None:
+        metadata = check_metadata({**(metadata or {}), **body.metadata})
+    tag = pending.tag if body.tag is None else check_tag(body.tag)
     location = app[VIEW].locations.get(pending.location)
     if location is None:
         raise problem(409, f"location {pending.location!r} is gone; begin again")
@@ -344,15 +361,10 @@ async def commit(
         region=pending.region,
         source=pending.source,
         committed=time.time(),
+        metadata=metadata,
     )
-    vkey = version_key(pending.organization, pending.artifact, version)
-    result = await store.txn(
-        [Compare(pending_key(version), "mod", "==", found.mod_revision)],
-        [Delete(pending_key(version)), Put(vkey, record.dump())],
-    )
-    if not result.succeeded and await store.get(vkey) is None:
-        raise problem(409, f"write {version!r} changed while committing; commit again")
-    if result.succeeded:  # only the commit that made the version counts it (not replays)
+    succeeded = await make_version(store, pending, found.mod_revision, record, tag, namespace)
+    if succeeded:  # only the commit that made the version counts it (not replays)
         app[COUNTS].committed(location.name)
         app[USAGE].add(
             pending.organization,
@@ -369,7 +381,66 @@ async def commit(
             versions=1,
             bytes=held.size,
         )
-    return {"version": version, "location": location.name, "size": held.size, "md5": record.md5}
+    return {
+        "version": version,
+        "location": location.name,
+        "size": held.size,
+        "md5": record.md5,
+        "tag": tag,
+    }
+
+
+COMMIT_ATTEMPTS = 20
+
+
+async def make_version(
+    store: Store,
+    pending: Pending,
+    pending_mod: int,
+    record: Version,
+    tag: str | None,
+    namespace: str,
+) -> bool:
+    """One transaction turns the pending write into the version: its record, its index
+    key (the artifact's next commit sequence number, newest first), the artifact's record
+    (its count and latest) and the tag given at write time. The artifact's record is
+    guarded by its revision, so commits of one artifact take sequence numbers one at a
+    time; one that loses to another commit of the artifact takes the next number. False
+    when another commit of this very write made the version first (a replay)."""
+    org, artifact, version = pending.organization, pending.artifact, pending.version
+    akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
+    for _ in range(COMMIT_ATTEMPTS):
+        current = await store.get(akey)
+        if current is None:
+            guard = Compare(akey, "version", "==", 0)
+            seq = 1
+        else:
+            guard = Compare(akey, "mod", "==", current.mod_revision)
+            seq = ArtifactRecord.load(current.value).count + 1
+        numbered = replace(record, seq=seq)
+        dumped = numbered.dump()
+        made: list[Delete | Put] = [
+            Delete(pending_key(version)),
+            Put(vkey, dumped),
+            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), dumped),
+            Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+        ]
+        if tag is not None:
+            moved = Tag(version, record.committed, namespace)
+            made.append(Put(tag_key(org, artifact, tag), moved.dump()))
+        pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
+        result = await store.txn([pending_guard, guard], made)
+        if result.succeeded:
+            return True
+        if await store.get(vkey) is not None:
+            return False  # made by a replay of this commit
+        still = await store.get(pending_key(version))
+        if still is None or still.mod_revision != pending_mod:
+            raise problem(409, f"write {version!r} changed while committing; commit again")
+        # another version of the artifact took the sequence number: the next one
+    raise StoreUnavailable(
+        f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
+    )
 
 
 async def read(
@@ -377,17 +448,14 @@ async def read(
     namespace: str,
     organization: str,
     artifact: str,
-    version: str,
+    ref: str,
     reader: Place,
 ) -> dict[str, Any]:
-    """Where a version lives, how far that is from the reader, and a download."""
+    """Where a version lives, how far that is from the reader, and a download. ``ref`` is
+    a version id, ``latest`` or a tag, resolved here; the answer names the version."""
     org = organization_for(app, organization, namespace)
-    found = await app[STORE].get(version_key(org.name, artifact, version))
-    if found is None:
-        raise problem(
-            404, f"organization {org.name!r} has no committed version {version!r} of {artifact!r}"
-        )
-    record = Version.load(found.value)
+    record, tag = await resolve(app, org.name, artifact, ref)
+    version = record.version
     location = app[VIEW].locations.get(record.location)
     if location is None:
         raise problem(503, f"location {record.location!r} is not known to the service yet")
@@ -418,4 +486,8 @@ async def read(
         "size": record.size,
         "md5": record.md5,
         "download": signed(download),
+        "requested": ref,
+        "tag": tag,
+        "committed": record.committed,
+        "metadata": record.metadata or {},
     }

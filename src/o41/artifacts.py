@@ -1,0 +1,454 @@
+"""Artifact versions for training code: ``from o41 import artifacts``.
+
+.. code-block:: python
+
+    from o41 import artifacts
+
+    last = artifacts.latest("ml", "checkpoint")          # None before the first write
+    if last is not None:
+        state = torch.load(artifacts.open("ml", "checkpoint", last.version))
+        start = last.metadata["step"] + 1
+    ...
+    artifacts.write("ml", "checkpoint", buffer.getvalue(), metadata={"step": step})
+    artifacts.tag("ml", "checkpoint", "best", written.version)
+
+A version is written once, to the one location placement chose for this pod's place (the
+same detection as the ``o41`` command, done once per process), and read from anywhere. A
+reference to a version is its id, ``"latest"`` (the newest committed version) or a tag
+(``"best"``); the service resolves it and every answer names the version it read.
+
+Every function here is a method of :class:`Client` too; the module's functions use one
+client made on first use from ``$O41_ARTIFACTS_ENDPOINT`` and the pod's ServiceAccount
+token (:func:`configure` makes another). Errors are :class:`Error` and its subclasses; the
+message of each says what to do. See docs/artifacts.md.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+from o41.client.artifacts import (
+    ArtifactError,
+    Artifacts,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    RangeReader,
+    ServiceError,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+)
+from o41.core.places import Place
+
+__all__ = [
+    "ANY",
+    "LATEST",
+    "ArtifactInfo",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Error",
+    "Forbidden",
+    "NotFound",
+    "Page",
+    "Read",
+    "ServiceError",
+    "Tag",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "Version",
+    "VersionFile",
+    "Written",
+    "artifacts",
+    "configure",
+    "delete_tag",
+    "latest",
+    "open",
+    "pages",
+    "read",
+    "read_bytes",
+    "resolve",
+    "tag",
+    "tags",
+    "versions",
+    "write",
+]
+
+#: The base of every error of this module (and of the ``o41`` command's client).
+Error = ArtifactError
+LATEST: Final = "latest"
+
+Source = str | os.PathLike[str] | bytes | bytearray | memoryview | BinaryIO
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+#: :func:`tag`'s default ``expected``: move the tag whatever it points at now.
+ANY: Final = _Any()
+
+
+@dataclass(frozen=True)
+class Version:
+    """A committed version: where it lives, how big, when, from where, and its metadata."""
+
+    version: str
+    location: str
+    size: int
+    md5: str | None
+    committed: float  # seconds since the epoch
+    writer: Place  # the place of the pod that wrote it
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tag: str | None = None  # the tag it was resolved by, if any
+
+    @classmethod
+    def of(cls, found: Mapping[str, Any]) -> Version:
+        w = found.get("writer") or {}
+        return cls(
+            version=found["version"],
+            location=found["location"],
+            size=found["size"],
+            md5=found.get("md5"),
+            committed=found["committed"],
+            writer=Place(w.get("cloud"), w.get("region"), w.get("source", "none")),
+            metadata=dict(found.get("metadata") or {}),
+            tag=found.get("tag"),
+        )
+
+
+@dataclass(frozen=True)
+class Written:
+    version: str
+    location: str
+    rule: str  # region, cloud or fallback: how placement chose the location
+    warning: str | None  # set when the location is far from the writer
+    size: int
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class Read:
+    version: str  # the version read: what "latest" or the tag named at the time
+    location: str
+    locality: str  # local, cross-region or cross-cloud
+    size: int
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing, newest first; ``next`` continues it (None: the last)."""
+
+    versions: list[Version]
+    next: str | None
+
+
+@dataclass(frozen=True)
+class Tag:
+    artifact: str
+    tag: str
+    version: str
+    set: float  # when it was last moved
+    previous: str | None = None  # what it pointed at before this move, if it existed
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    artifact: str
+    last_version: str
+    last_committed: float
+
+
+class VersionFile(io.BufferedReader):
+    """A version open for reading: bytes come from the bucket as they are read (seekable,
+    with a ranged GET after a seek). ``version`` is the one that was opened."""
+
+    def __init__(self, raw: RangeReader, found: Mapping[str, Any]) -> None:
+        super().__init__(raw, buffer_size=1024 * 1024)
+        self.version: str = found["version"]
+        self.tag: str | None = found.get("tag")
+        self.location: str = found["location"]
+        self.locality: str = found["locality"]
+        self.size: int = found["size"]
+        self.metadata: dict[str, Any] = dict(found.get("metadata") or {})
+
+
+class Client:
+    """The SDK on one endpoint and token; the module's functions use a default one."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token_file: str | None = None,
+        place: Place | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self._api = Artifacts(endpoint, token_file, place=place, timeout=timeout)
+
+    @property
+    def place(self) -> Place:
+        """This pod's place, detected once (env, SkyPilot, cloud metadata, none)."""
+        return self._api.place
+
+    # --- write -------------------------------------------------------------------------
+
+    def write(
+        self,
+        organization: str,
+        artifact: str,
+        source: Source,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        tag: str | None = None,
+    ) -> Written:
+        """Write ``source`` as a new version: a path (uploaded without a copy, in parallel
+        parts when large), bytes, or a binary file object (a ``BytesIO`` is sent from
+        memory; another is read to a temporary file first, since a write declares its
+        size). ``metadata``: small JSON key/values kept with the version (at most 64 keys,
+        8 KiB). ``tag``: moved to this version when it commits."""
+        if isinstance(source, bytes | bytearray | memoryview):
+            w = self._api.write_bytes(organization, artifact, source, metadata=metadata, tag=tag)
+        elif isinstance(source, str | os.PathLike):
+            path = Path(source)
+            if path.is_dir():
+                raise Error(f"{path} is a directory: write one file (directories come later)")
+            w = self._api.write(organization, artifact, path, metadata=metadata, tag=tag)
+        elif isinstance(source, io.BytesIO):
+            view = source.getbuffer()[source.tell() :]
+            w = self._api.write_bytes(organization, artifact, view, metadata=metadata, tag=tag)
+        elif hasattr(source, "read"):
+            with tempfile.NamedTemporaryFile(prefix="o41-", suffix=".spool") as spool:
+                shutil.copyfileobj(source, spool, 1024 * 1024)
+                spool.flush()
+                w = self._api.write(organization, artifact, spool.name, metadata=metadata, tag=tag)
+        else:
+            raise TypeError(
+                f"write takes a path, bytes or a binary file object, not {type(source).__name__}"
+            )
+        return Written(w.version, w.location, w.rule, w.warning, w.size, w.tag)
+
+    # --- read --------------------------------------------------------------------------
+
+    def read(
+        self, organization: str, artifact: str, version: str, path: str | os.PathLike[str]
+    ) -> Read:
+        """Download ``version`` (an id, ``"latest"`` or a tag) to ``path``, written whole
+        or not at all; large versions come as parallel ranges."""
+        r = self._api.read(organization, artifact, version, Path(path))
+        return Read(r.version, r.location, r.locality, r.size, r.tag)
+
+    def read_bytes(self, organization: str, artifact: str, version: str = LATEST) -> bytes:
+        """A version's bytes (checked against its size, and MD5 when known). To know which
+        version ``"latest"`` was, use :meth:`open` (its ``version``) or :meth:`resolve`
+        first and read by id."""
+        data, _ = self._api.read_bytes(organization, artifact, version)
+        return data
+
+    def open(self, organization: str, artifact: str, version: str = LATEST) -> VersionFile:
+        """A version as a seekable binary file object; reading starts at once, before
+        the whole version is down (``torch.load(f)``, ``tarfile.open(fileobj=f)``)."""
+        found = self._api.locate(organization, artifact, version)
+        return VersionFile(RangeReader(found, self._api.timeout), found)
+
+    # --- versions ----------------------------------------------------------------------
+
+    def pages(
+        self,
+        organization: str,
+        artifact: str,
+        *,
+        page_size: int = 100,
+        cursor: str | None = None,
+    ) -> Iterator[Page]:
+        """An artifact's versions, newest first, a page at a time (each page is one call;
+        a page's ``next`` passed as ``cursor`` continues there)."""
+        while True:
+            got = self._api.versions_page(organization, artifact, cursor, page_size)
+            page = Page([Version.of(v) for v in got["versions"]], got.get("next"))
+            yield page
+            if page.next is None:
+                return
+            cursor = page.next
+
+    def versions(
+        self, organization: str, artifact: str, *, page_size: int = 100
+    ) -> Iterator[Version]:
+        """Every version of an artifact, newest first, fetched a page at a time."""
+        for page in self.pages(organization, artifact, page_size=page_size):
+            yield from page.versions
+
+    def latest(self, organization: str, artifact: str) -> Version | None:
+        """The newest committed version, or None when the artifact has none yet."""
+        page = next(self.pages(organization, artifact, page_size=1))
+        return page.versions[0] if page.versions else None
+
+    def resolve(self, organization: str, artifact: str, ref: str) -> Version:
+        """The version ``ref`` (an id, ``"latest"`` or a tag) names now, with its metadata."""
+        return Version.of(self._api.resolve(organization, artifact, ref))
+
+    def artifacts(self, organization: str, *, page_size: int = 100) -> Iterator[ArtifactInfo]:
+        """The organization's artifacts, by name."""
+        cursor: str | None = None
+        while True:
+            got = self._api.artifacts_page(organization, cursor, page_size)
+            for a in got["artifacts"]:
+                yield ArtifactInfo(a["artifact"], a["lastVersion"], a["lastCommitted"])
+            cursor = got.get("next")
+            if cursor is None:
+                return
+
+    # --- tags --------------------------------------------------------------------------
+
+    def tag(
+        self,
+        organization: str,
+        artifact: str,
+        name: str,
+        version: str = LATEST,
+        *,
+        expected: str | _Any | None = ANY,
+    ) -> Tag:
+        """Point tag ``name`` at ``version`` (an id or ``"latest"``, resolved on the
+        service). With ``expected`` a version id, only if the tag points there now; with
+        ``expected=None``, only if it does not exist yet: a writer that loses the race gets
+        :class:`Conflict`, whose ``current`` is where the tag points."""
+        check = not isinstance(expected, _Any)
+        moved = self._api.move_tag(
+            organization,
+            artifact,
+            name,
+            version,
+            None if isinstance(expected, _Any) else expected,
+            check=check,
+        )
+        return Tag(artifact, name, moved["version"], moved["set"], moved.get("previous"))
+
+    def delete_tag(
+        self, organization: str, artifact: str, name: str, *, expected: str | None = None
+    ) -> str:
+        """Delete tag ``name`` (only if it points at ``expected``, when given); returns
+        the version it pointed at."""
+        deleted: str = self._api.delete_tag(organization, artifact, name, expected)["deleted"]
+        return deleted
+
+    def tags(self, organization: str, artifact: str) -> list[Tag]:
+        """An artifact's tags and what they point at."""
+        return [
+            Tag(t["artifact"], t["tag"], t["version"], t["set"])
+            for t in self._api.tags(organization, artifact)
+        ]
+
+
+_default: Client | None = None
+_lock = threading.Lock()
+
+
+def configure(
+    endpoint: str | None = None,
+    token_file: str | None = None,
+    place: Place | None = None,
+    timeout: float = 60.0,
+) -> Client:
+    """Make the client the module's functions use (by default: on first use, from the
+    environment)."""
+    global _default
+    with _lock:
+        _default = Client(endpoint, token_file, place, timeout)
+        return _default
+
+
+def _client() -> Client:
+    global _default
+    with _lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def write(
+    organization: str,
+    artifact: str,
+    source: Source,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    tag: str | None = None,
+) -> Written:
+    """:meth:`Client.write` on the default client."""
+    return _client().write(organization, artifact, source, metadata=metadata, tag=tag)
+
+
+def read(organization: str, artifact: str, version: str, path: str | os.PathLike[str]) -> Read:
+    """:meth:`Client.read` on the default client."""
+    return _client().read(organization, artifact, version, path)
+
+
+def read_bytes(organization: str, artifact: str, version: str = LATEST) -> bytes:
+    """:meth:`Client.read_bytes` on the default client."""
+    return _client().read_bytes(organization, artifact, version)
+
+
+def open(organization: str, artifact: str, version: str = LATEST) -> VersionFile:
+    """:meth:`Client.open` on the default client."""
+    return _client().open(organization, artifact, version)
+
+
+def pages(
+    organization: str, artifact: str, *, page_size: int = 100, cursor: str | None = None
+) -> Iterator[Page]:
+    """:meth:`Client.pages` on the default client."""
+    return _client().pages(organization, artifact, page_size=page_size, cursor=cursor)
+
+
+def versions(organization: str, artifact: str, *, page_size: int = 100) -> Iterator[Version]:
+    """:meth:`Client.versions` on the default client."""
+    return _client().versions(organization, artifact, page_size=page_size)
+
+
+def latest(organization: str, artifact: str) -> Version | None:
+    """:meth:`Client.latest` on the default client."""
+    return _client().latest(organization, artifact)
+
+
+def resolve(organization: str, artifact: str, ref: str) -> Version:
+    """:meth:`Client.resolve` on the default client."""
+    return _client().resolve(organization, artifact, ref)
+
+
+def artifacts(organization: str, *, page_size: int = 100) -> Iterator[ArtifactInfo]:
+    """:meth:`Client.artifacts` on the default client."""
+    return _client().artifacts(organization, page_size=page_size)
+
+
+def tag(
+    organization: str,
+    artifact: str,
+    name: str,
+    version: str = LATEST,
+    *,
+    expected: str | _Any | None = ANY,
+) -> Tag:
+    """:meth:`Client.tag` on the default client."""
+    return _client().tag(organization, artifact, name, version, expected=expected)
+
+
+def delete_tag(organization: str, artifact: str, name: str, *, expected: str | None = None) -> str:
+    """:meth:`Client.delete_tag` on the default client."""
+    return _client().delete_tag(organization, artifact, name, expected=expected)
+
+
+def tags(organization: str, artifact: str) -> list[Tag]:
+    """:meth:`Client.tags` on the default client."""
+    return _client().tags(organization, artifact)
