@@ -110,13 +110,12 @@ async def test_a_single_put_write_that_expires_aborts_nothing(service: Service) 
     assert service.storage.aborted == []
 
 
+@pytest.mark.usefixtures("short_leases")
 async def test_two_replicas_sweep_a_write_once(tmp_path: Path) -> None:
     """Two services on one store both see the lease expire; one aborts and counts."""
     store = MemoryStore()
     async with _two_services(tmp_path, store) as (one, two):
         await begin_multipart(one, "twice", parts_sent=1)
-        lease = next(iter(store._leases))  # the pending writes' lease of this minute
-        await store.lease_revoke(lease)  # as its expiry: etcd deletes its keys the same way
         await until(lambda: one.storage.aborted or two.storage.aborted)
         await asyncio.sleep(0.5)  # the other replica saw it too by now
         assert len(one.storage.aborted) + len(two.storage.aborted) == 1
@@ -170,3 +169,17 @@ async def prev_kv_events(store: Store, p: bytes) -> None:
     await deletes.aclose()  # type: ignore[attr-defined]
     await with_prev.aclose()  # type: ignore[attr-defined]
     await without.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_lease_lost_young_is_left_to_the_buckets_rule(tmp_path: Path) -> None:
+    """A pending record deleted long before any lease could expire is taken for a commit
+    without a read of the store (commits cost the replicas nothing); its upload, if it was
+    not one, is left to the bucket's lifecycle rule."""
+    store = MemoryStore()
+    async for service in serve(tmp_path, store=store):
+        await begin_multipart(service, "young", parts_sent=1)
+        lease = next(iter(store._leases))  # the pending writes' lease of this minute
+        await store.lease_revoke(lease)  # etcd deletes a lost lease's keys the same way
+        await asyncio.sleep(0.5)
+        assert service.storage.aborted == []
+        assert await usage_of(service, "abandoned") == []

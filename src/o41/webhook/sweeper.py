@@ -3,10 +3,19 @@ aborted in its location's bucket (issue 17, docs/storage.md "Abandoned uploads")
 
 A pending record (``records.pending_key``) lives under a lease; when the lease expires
 the store deletes the record. The sweeper watches the pending prefix for deletes with
-the record as it was (``prev_kv``) and tells the two kinds of delete apart by what else
-the store holds: a commit deletes the pending record in the transaction that writes the
-version's record, so a delete whose version record exists was a commit, and any other
-was an expiry (or a lost begin) whose upload no one will finish.
+the record as it was (``prev_kv``) and tells the two kinds of delete apart:
+
+- by age, with no call: a lease lives at least ``PENDING_TTL`` from its write's begin, so
+  a delete younger than that (less a margin for the replicas' clocks) is a commit. A
+  commit costs no replica a read. (A lease lost in etcd under the service deletes young
+  records too; their uploads are left to the bucket's lifecycle rule.)
+- by what else the store holds, for a delete as old as an expiry: a commit deletes the
+  pending record in the transaction that writes the version's record, so a delete whose
+  version record exists was a commit (one made in the lease's last minutes), and any other
+  was an expiry whose upload no one will finish.
+
+Had a commit been taken for an expiry, its abort would do no harm either: a completed S3
+upload answers NoSuchUpload, a composed GCS write has no part objects left.
 
 Every replica sees every delete. One claims the sweep with a compare-and-set on a
 ``swept/<version>`` key (under the pending writes' lease, so claims go away on their
@@ -22,11 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from o41.state import Compare, KeyValue, LeaseNotFound, Put, StoreUnavailable
+from o41.webhook import writes
 from o41.webhook.errors import LocationFailed
 from o41.webhook.keys import LEASES, STORE, USAGE, VIEW
 from o41.webhook.records import PREFIX, Pending, version_key
@@ -38,6 +49,7 @@ PENDING_PREFIX = PREFIX + b"pending/"
 SWEPT_PREFIX = PREFIX + b"swept/"
 RETRY = 1.0  # seconds between watches when the store is away
 FRESH_AFTER = 3  # failed watches in a row before watching from now (history compacted)
+CLOCKS = 120.0  # seconds the replicas' clocks may differ (``Pending.began`` is the begin's)
 
 
 def swept_key(version: str) -> bytes:
@@ -89,6 +101,8 @@ class Sweeper:
 
     async def _sweep(self, pending: Pending, upload_id: str) -> bool:
         app, store = self._app, self._app[STORE]
+        if time.time() < pending.began + writes.PENDING_TTL - CLOCKS:
+            return False  # too young to have expired: a commit
         committed = version_key(pending.organization, pending.artifact, pending.version)
         if await store.get(committed) is not None:
             return False  # the commit's transaction deleted it
