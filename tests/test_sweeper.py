@@ -17,7 +17,7 @@ import pytest
 from o41.core.parts import PART_SIZE
 from o41.state import Store, WatchEvent
 from o41.state.memory import MemoryStore
-from o41.webhook import writes
+from o41.webhook import sweeper, writes
 from test_state_store import next_event
 from test_writes import ORG, Service, serve, usage_of
 
@@ -84,9 +84,16 @@ async def test_an_expired_writes_upload_is_aborted(service: Service) -> None:
     }
 
 
-async def test_a_committed_write_is_not_aborted(service: Service, tmp_path: Path) -> None:
-    """The commit deletes the pending record too: the sweeper sees the version's record
-    and leaves the upload (and the object it became) alone."""
+@pytest.mark.parametrize("by", ["age", "record"])
+async def test_a_committed_write_is_not_aborted(
+    service: Service, tmp_path: Path, by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit deletes the pending record too: the sweeper takes a delete younger than
+    any lease for a commit (``age``) and, for one as old as an expiry (``record``: every
+    delete is, here), finds the version's record; it leaves the upload (and the object it
+    became) alone."""
+    if by == "record":
+        monkeypatch.setattr(sweeper, "CLOCKS", 1e9)
     data = os.urandom(PART_SIZE + MiB)
     path = tmp_path / "big"
     path.write_bytes(data)
