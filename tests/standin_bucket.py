@@ -58,6 +58,7 @@ class Storage:
     parts: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (upload id, n)
     unsignable: set[str] = field(default_factory=set)  # buckets that cannot sign
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
+    aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -120,7 +121,13 @@ class StandInBucket:
         when = dt.datetime.fromtimestamp(at, dt.UTC)
         return SignedRequest(method, f"{self._storage.url}{path}?{query}", {}, when)
 
-    def ensure(self, owner: str, creations: object = None) -> Ensured:
+    def ensure(
+        self,
+        owner: str,
+        creations: object = None,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
         raise NotImplementedError("the service never creates buckets")
 
     def check(self) -> None:
@@ -163,7 +170,11 @@ class StandInBucket:
             )
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
-        pass
+        upload_id = upload if isinstance(upload, str) else upload.upload_id
+        with self._storage.lock:
+            for part in [p for p in self._storage.parts if p[0] == upload_id]:
+                del self._storage.parts[part]
+            self._storage.aborted.append((self._path(key), upload_id))
 
     def stat(self, key: str) -> ObjectStat | None:
         with self._storage.lock:

@@ -22,6 +22,23 @@ from o41.storage import BucketRef, Ensured, SetupFailed, open_bucket
 MAX_BACKOFF = float(os.environ.get("O41_MAX_BACKOFF", "300"))
 
 
+def abort_uploads_after_days(env: Mapping[str, str]) -> int | None:
+    """``O41_ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS`` (the chart's
+    ``operator.abortIncompleteUploadsAfterDays``): the days after which each bucket's
+    lifecycle rule aborts a multipart upload left unfinished; 0 sets no rule. Default 2: a
+    pending write's lease is about 70 minutes, so an upload that old is abandoned."""
+    raw = env.get("O41_ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS", "2").strip()
+    if not raw.isdigit() or int(raw) > 3650:
+        raise ValueError(
+            f"O41_ABORT_INCOMPLETE_UPLOADS_AFTER_DAYS must be a whole number of days from 0 "
+            f"(no rule) to 3650, not {raw!r}"
+        )
+    return int(raw) or None
+
+
+ABORT_UPLOADS_AFTER_DAYS = abort_uploads_after_days(os.environ)
+
+
 @dataclass
 class RecordCreations:
     """The storage's write-ahead record of bucket creations (``o41.storage.Creations``),
@@ -198,7 +215,9 @@ class SetUp:
         try:
             _, ref = bucket_of(self.state, self.body)
             ensured = open_bucket(ref).ensure(
-                owner=self.body["metadata"]["uid"], creations=creations
+                owner=self.body["metadata"]["uid"],
+                creations=creations,
+                abort_uploads_after_days=ABORT_UPLOADS_AFTER_DAYS,
             )
         except (SetupFailed, SecretMissing) as e:
             self.failed(creations, e)

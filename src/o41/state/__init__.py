@@ -72,6 +72,7 @@ class TxnResult:
 class WatchEvent:
     kind: Literal["put", "delete"]
     kv: KeyValue
+    prev: KeyValue | None = None  # the key before this event, from a watch with prev_kv
 
 
 class StoreUnavailable(Exception):
@@ -114,7 +115,18 @@ class Store(Protocol):
 
     async def lease_revoke(self, lease: int) -> None: ...
 
-    def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
+    def watch(
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
+    ) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix`` from ``start_revision`` (0: from now). With ``prev_kv``,
+        each event's ``prev`` is the key as it was before it (None if it did not exist);
+        with ``deletes_only``, no puts are sent (etcd filters them out)."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -479,8 +479,16 @@ class EtcdStore:
 
     # watch
 
-    async def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
-        """Events under ``prefix`` from ``start_revision`` (0: from now), in revision order.
+    async def watch(
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
+    ) -> AsyncIterator[WatchEvent]:
+        """Events under ``prefix`` from ``start_revision`` (0: from now), in revision order;
+        with ``prev_kv``, each with the key as it was before.
 
         A broken stream resumes on another member after the last revision seen; past
         ``timeout`` without any member answering, :class:`StoreUnavailable`.
@@ -494,7 +502,11 @@ class EtcdStore:
             call = self._stub(index, "Watch").Watch()
             try:
                 create = rpc.WatchCreateRequest(
-                    key=prefix, range_end=prefix_end(prefix), start_revision=next_revision
+                    key=prefix,
+                    range_end=prefix_end(prefix),
+                    start_revision=next_revision,
+                    prev_kv=prev_kv,
+                    filters=[rpc.WatchCreateRequest.NOPUT] if deletes_only else [],
                 )
                 await call.write(rpc.WatchRequest(create_request=create))
                 while True:
@@ -513,10 +525,11 @@ class EtcdStore:
                         next_revision = answer.header.revision + 1
                     for event in answer.events:
                         next_revision = event.kv.mod_revision + 1
+                        prev = _kv(event.prev_kv) if event.HasField("prev_kv") else None
                         if event.type == rpc.Event.DELETE:
-                            yield WatchEvent("delete", _kv(event.kv))
+                            yield WatchEvent("delete", _kv(event.kv), prev)
                         else:
-                            yield WatchEvent("put", _kv(event.kv))
+                            yield WatchEvent("put", _kv(event.kv), prev)
             except asyncio.CancelledError:
                 # gRPC cancels a stream whose channel closes: a channel retired for renewed
                 # TLS files, then the watch goes on over a new one. Not so when this task

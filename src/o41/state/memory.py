@@ -13,7 +13,7 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from o41.state import (
     Compare,
@@ -169,14 +169,14 @@ class MemoryStore:
         if lease:
             self._leases[lease].keys.add(key)
         self._data[key] = kv
-        self._emit(WatchEvent("put", kv))
+        self._emit(WatchEvent("put", kv, old))
 
     def _delete(self, key: bytes) -> None:
         old = self._data.pop(key)
         del self._keys[bisect.bisect_left(self._keys, key)]
         if old.lease and old.lease in self._leases:
             self._leases[old.lease].keys.discard(key)
-        self._emit(WatchEvent("delete", KeyValue(key, b"", 0, self._revision, 0)))
+        self._emit(WatchEvent("delete", KeyValue(key, b"", 0, self._revision, 0), old))
 
     # leases
 
@@ -224,7 +224,14 @@ class MemoryStore:
 
     # watch
 
-    async def watch(self, prefix: bytes, *, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+    async def watch(
+        self,
+        prefix: bytes,
+        *,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        deletes_only: bool = False,
+    ) -> AsyncIterator[WatchEvent]:
         self._check()
         end = prefix_end(prefix)
         queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
@@ -242,7 +249,9 @@ class MemoryStore:
                 found = await queue.get()
                 if found is None:
                     return
-                yield found
+                if deletes_only and found.kind == "put":
+                    continue
+                yield found if prev_kv or found.prev is None else replace(found, prev=None)
         finally:
             self._watchers.remove(entry)
 

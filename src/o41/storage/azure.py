@@ -55,6 +55,7 @@ from o41.storage.base import (
     StorageError,
     UploadIncomplete,
     check_bucket_name,
+    check_days,
     check_key,
     check_parts,
     expires_at,
@@ -173,12 +174,23 @@ class AzureBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
+    def ensure(
+        self,
+        owner: str,
+        creations: Creations = NO_RECORD,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
         """Create the container (private, marked) or adopt ours. The region cannot be
         checked from the data plane (``region_checked=False``). The metadata comes with
         the create call, so no crash leaves an unmarked container: ``creations`` is not
-        needed, and an unmarked container is never adopted."""
+        needed, and an unmarked container is never adopted.
+
+        ``abort_uploads_after_days`` sets nothing: Azure discards a blob's uncommitted
+        blocks after 7 days by itself, and a multipart write commits its blocks only all
+        at once (Put Block List at commit), so an unfinished one leaves no blob."""
         check_bucket_name("azure_blob", self.ref.bucket)
+        check_days(abort_uploads_after_days)
         mark = owner_mark(owner)
         container = self._container
         props = self._properties()

@@ -33,6 +33,10 @@ S3_OWNER_TAG = "o41.io/location"
 GCS_OWNER_LABEL = "o41-location"
 AZURE_OWNER_METADATA = "o41location"  # metadata names must be C# identifiers: no dot or dash
 
+# The ID of the one lifecycle rule o41 keeps in a bucket: it aborts multipart uploads left
+# unfinished (docs/storage.md, "Abandoned uploads"). Every other rule is the user's and stays.
+ABORT_RULE_ID = "o41-abort-incomplete-uploads"
+
 
 class Reason(StrEnum):
     """Why setup or an operation failed: CamelCase, as a Kubernetes condition reason."""
@@ -208,10 +212,21 @@ class Bucket(Protocol):
 
     ref: BucketRef
 
-    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
+    def ensure(
+        self,
+        owner: str,
+        creations: Creations = NO_RECORD,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
         """Create the bucket in ``ref.region`` if needed and mark it as ``owner``'s; adopt
         it when it already carries that mark, or when it carries none and ``creations``
-        says an earlier attempt was creating it. Idempotent."""
+        says an earlier attempt was creating it. Idempotent.
+
+        ``abort_uploads_after_days``: keep the bucket's rule that drops multipart uploads
+        left unfinished that many days (S3: a lifecycle rule of ID ``ABORT_RULE_ID``, the
+        bucket's other rules kept); None leaves the bucket's rules as they are. A store
+        that takes no such rule is a warning."""
         ...
 
     def check(self) -> None:
@@ -269,6 +284,11 @@ def check_key(key: str) -> None:
     """Refuse keys no backend would store the same way: empty or too long."""
     if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise ValueError(f"object keys must be 1..{MAX_KEY_BYTES} bytes of UTF-8")
+
+
+def check_days(days: int | None) -> None:
+    if days is not None and not 1 <= days <= 3650:
+        raise ValueError(f"abort_uploads_after_days must be 1..3650 or None, got {days}")
 
 
 def check_parts(parts: int) -> None:

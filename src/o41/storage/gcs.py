@@ -50,6 +50,7 @@ from o41.storage.base import (
     StorageError,
     UploadIncomplete,
     check_bucket_name,
+    check_days,
     check_key,
     check_parts,
     expires_at,
@@ -156,10 +157,23 @@ class GcsBucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
+    def ensure(
+        self,
+        owner: str,
+        creations: Creations = NO_RECORD,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
         """Create the bucket (labelled, uniform access, public access prevention) in the
-        region, or adopt ours; then check its location."""
+        region, or adopt ours; then check its location.
+
+        ``abort_uploads_after_days`` sets no rule here: GCS's AbortIncompleteMultipartUpload
+        lifecycle action is for XML API multipart uploads, and a multipart write here is
+        part objects composed at commit (module docstring), ordinary objects whose names
+        no lifecycle condition can tell from a user's. The placement service deletes an
+        expired write's parts (``abort_multipart``); docs/storage.md says what is left."""
         check_bucket_name("gcs", self.ref.bucket)
+        check_days(abort_uploads_after_days)
         mark = owner_mark(owner)
         warnings: list[str] = []
         bucket, created = self._get_or_create(owner, mark, creations)

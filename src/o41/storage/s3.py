@@ -22,6 +22,7 @@ from botocore.config import Config
 
 from o41.storage import sigv4
 from o41.storage.base import (
+    ABORT_RULE_ID,
     CRC32_HEADER,
     NO_RECORD,
     OCTET_STREAM,
@@ -38,6 +39,7 @@ from o41.storage.base import (
     StorageError,
     UploadIncomplete,
     check_bucket_name,
+    check_days,
     check_key,
     check_parts,
     expires_at,
@@ -208,10 +210,18 @@ class S3Bucket:
 
     # ------------------------------------------------------------------------ setup
 
-    def ensure(self, owner: str, creations: Creations = NO_RECORD) -> Ensured:
-        """Create the bucket or adopt ours; then check its region and harden it."""
+    def ensure(
+        self,
+        owner: str,
+        creations: Creations = NO_RECORD,
+        *,
+        abort_uploads_after_days: int | None = None,
+    ) -> Ensured:
+        """Create the bucket or adopt ours; then check its region, harden it and keep its
+        rule that aborts unfinished uploads."""
         ref = self.ref
         check_bucket_name(ref.kind, ref.bucket)
+        check_days(abort_uploads_after_days)
         mark = owner_mark(owner)
         present = self._head_bucket()
         created = False
@@ -224,6 +234,8 @@ class S3Bucket:
             created = self._check_owner(owner, mark, creations)
         region_checked = self._check_region()
         warnings = self._harden(created)
+        if abort_uploads_after_days is not None:
+            warnings += self._abort_rule(abort_uploads_after_days)
         return Ensured(
             bucket=ref.bucket,
             endpoint=str(self._client.meta.endpoint_url),
@@ -386,6 +398,46 @@ class S3Bucket:
         if answer.error is not None:
             warnings.append(f"{self._where} does not take a default encryption setting")
         return True
+
+    def _abort_rule(self, days: int) -> tuple[str, ...]:
+        """The lifecycle rule ``ABORT_RULE_ID``: abort multipart uploads ``days`` after
+        they began (AbortIncompleteMultipartUpload, every key). PutBucketLifecycle
+        replaces the whole configuration, so the bucket's rules are read first and every
+        other rule is put back as it was; nothing is written when ours is already there.
+        A store that is not AWS and answers NotImplemented (versitygw) is a warning."""
+        ref = self.ref
+        none = "NoSuchLifecycleConfiguration"
+
+        def answered(e: bex.ClientError) -> bool:
+            return _code(e) == none or self._not_implemented(e)
+
+        lacking = (
+            f"{self._where} takes no lifecycle rules: multipart uploads left unfinished "
+            "are aborted by the placement service only"
+        )
+        with self._failing("reading the lifecycle rules of", unless=answered) as answer:
+            got = self._client.get_bucket_lifecycle_configuration(Bucket=ref.bucket)
+        if answer.error is not None and _code(answer.error) != none:
+            return (lacking,)
+        rules: list[dict[str, Any]] = [] if answer.error is not None else list(got["Rules"])
+        ours = {
+            "ID": ABORT_RULE_ID,
+            "Status": "Enabled",
+            "Filter": {"Prefix": ""},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": days},
+        }
+        if any(_same_abort_rule(rule, days) for rule in rules):
+            return ()
+        kept = [rule for rule in rules if rule.get("ID") != ABORT_RULE_ID]
+        extra: dict[str, Any] = {}
+        if answer.error is None and got.get("TransitionDefaultMinimumObjectSize"):
+            extra["TransitionDefaultMinimumObjectSize"] = got["TransitionDefaultMinimumObjectSize"]
+        doing = "setting the lifecycle rule that aborts unfinished uploads of"
+        with self._failing(doing, unless=self._not_implemented) as answer:
+            self._client.put_bucket_lifecycle_configuration(
+                Bucket=ref.bucket, LifecycleConfiguration={"Rules": [*kept, ours]}, **extra
+            )
+        return () if answer.error is None else (lacking,)
 
     def _not_implemented(self, e: bex.ClientError) -> bool:
         return not self._on_aws and (_code(e) in _NOT_IMPLEMENTED or _status(e) == 501)
@@ -606,6 +658,18 @@ class S3Bucket:
         raise cls(reason, message, retryable=retryable) from e
 
 
+def _same_abort_rule(rule: dict[str, Any], days: int) -> bool:
+    """``rule`` is o41's, enabled, for every key, aborting after ``days``."""
+    prefix = (rule.get("Filter") or {}).get("Prefix", rule.get("Prefix", ""))
+    return (
+        rule.get("ID") == ABORT_RULE_ID
+        and rule.get("Status") == "Enabled"
+        and not prefix
+        and set(rule.get("Filter") or {}) <= {"Prefix"}
+        and (rule.get("AbortIncompleteMultipartUpload") or {}).get("DaysAfterInitiation") == days
+    )
+
+
 def _codes(*codes: str) -> Callable[[bex.ClientError], bool]:
     """An ``unless`` of ``_failing``: S3 answered one of ``codes``."""
     return lambda e: _code(e) in codes
@@ -650,7 +714,9 @@ def _classify(e: Exception, ref: BucketRef, missing: str | None) -> tuple[Reason
                 False,
                 "Grant the credentials access to the bucket (s3:CreateBucket, s3:ListBucket, "
                 "s3:GetBucketLocation, s3:PutBucketTagging, s3:PutBucketPublicAccessBlock, "
-                "s3:PutEncryptionConfiguration, s3:PutObject, s3:GetObject).",
+                "s3:PutEncryptionConfiguration, s3:GetLifecycleConfiguration, "
+                "s3:PutLifecycleConfiguration, s3:PutObject, s3:GetObject, "
+                "s3:AbortMultipartUpload).",
             )
         if code in _MISSING:
             return Reason.BUCKET_MISSING, False, (missing or "The bucket does not exist.")

@@ -31,6 +31,7 @@ from o41.webhook.keys import (
     VIEW,
 )
 from o41.webhook.settings import Settings
+from o41.webhook.sweeper import sweeping
 from o41.webhook.usage import Usage
 from o41.webhook.view import Cluster, Secrets, View, Watcher
 from o41.webhook.writes import Buckets, Opener, PendingLease
@@ -166,6 +167,7 @@ def make_app(
         app.cleanup_ctx.extend([cluster_view, state_store(store), version_counts])
     else:
         app.cleanup_ctx.append(state_store(store))
+    app.cleanup_ctx.append(sweeping)  # aborts the uploads of expired writes
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
