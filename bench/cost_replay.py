@@ -35,29 +35,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 from bench.traces.trace import Event, load  # noqa: E402
 
 from o41.core import usage  # noqa: E402
-from o41.core.advice import MONTH_HOURS, StoragePrices, best_net_location  # noqa: E402
+from o41.core.advice import MONTH_HOURS, best_net_location  # noqa: E402
 from o41.core.organization import LocationFacts, effective  # noqa: E402
 from o41.core.placement import place_write  # noqa: E402
 from o41.core.places import Place  # noqa: E402
-from o41.core.usage import GB, PriceTable, Record  # noqa: E402
-from o41.webhook.prices import DEFAULT_PRICES  # noqa: E402
-
-# Standard (hot) storage class, first tier, US regions, per GB-month. The page's table
-# prices egress only; these are the storage half of the same question.
-STORAGE_PRICES = StoragePrices(
-    as_of="2026-11-29",
-    clouds={
-        "aws": 0.023,  # S3 Standard, first 50 TB/month
-        "gcp": 0.020,  # Cloud Storage Standard, regional (us-central1)
-        "azure": 0.018,  # Blob Storage hot, LRS (East US), first 50 TB/month
-    },
-    default=0.023,
-    sources=(
-        "https://aws.amazon.com/s3/pricing/",
-        "https://cloud.google.com/storage/pricing",
-        "https://azure.microsoft.com/en-us/pricing/details/storage/blobs/",
-    ),
-)
+from o41.core.usage import GB, PriceTable, Record, StoragePrices  # noqa: E402
+from o41.webhook.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
 
 TRACES = ROOT / "bench" / "traces"
 # the shipped traces and the locations their organization starts with (the first is the

@@ -28,28 +28,26 @@ remote-eval, shows how much).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from o41.core.organization import Effective, LocationFacts, effective
 from o41.core.placement import PlacementRefused, place_write
 from o41.core.places import SOURCES, Place, Source
-from o41.core.usage import GB, PriceTable, Record
+from o41.core.usage import (
+    GB,
+    PriceTable,
+    Record,
+    Saving,
+    StoragePrices,
+    Tally,
+    WriterPlace,
+    best_new_location,
+)
+
+__all__ = ["MONTH_HOURS", "NetSaving", "StoragePrices", "best_net_location", "page_advice"]
 
 MONTH_HOURS = 720  # a storage month, as the page's 30-day window
-
-
-@dataclass(frozen=True)
-class StoragePrices:
-    """Per GB-month list prices of the standard storage class, by cloud, dated."""
-
-    as_of: str
-    clouds: Mapping[str, float]
-    default: float  # any other cloud tag and unknown places
-    sources: tuple[str, ...] = ()
-
-    def of(self, cloud: str | None) -> float:
-        return self.clouds.get(cloud or "", self.default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +61,7 @@ class NetSaving:
     read_egress: float  # saved on reads (negative: reads now leave it for elsewhere)
     storage: float  # saved on storage (negative: dearer storage where it lies)
     moved_bytes: int  # bytes written in the window that would have gone there
+    moved_versions: int = 0  # and their versions
 
     @property
     def net(self) -> float:
@@ -99,6 +98,7 @@ def rank_new_locations(
     by_name = {loc.name: loc for loc in locations}
     # bytes each writer place put in each location, and each location's read bytes by reader
     written: dict[tuple[Place, str], int] = {}
+    versions: dict[tuple[Place, str], int] = {}
     into: dict[str, int] = {}
     reads: dict[str, dict[tuple[str | None, str | None], int]] = {}  # not attributed
     # attributed: (writer cloud, writer region, location) -> reader -> bytes
@@ -116,6 +116,7 @@ def rank_new_locations(
             if place is None:
                 continue
             written[(place, location)] = written.get((place, location), 0) + r.count("bytes")
+            versions[(place, location)] = versions.get((place, location), 0) + r.count("versions")
             into[location] = into.get(location, 0) + r.count("bytes")
         elif r.kind == "read":
             reader = (cloud, region if cloud else None)
@@ -139,7 +140,7 @@ def rank_new_locations(
         trial = [*locations, candidate]
         after = effective(trial, current=in_force)
         saved_writes = saved_reads = saved_storage = 0.0
-        moved = 0
+        moved = moved_versions = 0
         for (place, old_name), size in written.items():
             try:
                 new = place_write(
@@ -151,6 +152,7 @@ def rank_new_locations(
                 continue
             old = by_name[old_name]
             moved += size
+            moved_versions += versions.get((place, old_name), 0)
             gb = size / GB
             saved_writes += gb * (
                 prices.per_gb(place.cloud, place.region, old.cloud, old.region)
@@ -179,7 +181,11 @@ def rank_new_locations(
                     )
                 )
         if moved:
-            ranked.append(NetSaving(cloud, region, saved_writes, saved_reads, saved_storage, moved))
+            ranked.append(
+                NetSaving(
+                    cloud, region, saved_writes, saved_reads, saved_storage, moved, moved_versions
+                )
+            )
     ranked.sort(key=lambda s: (-s.net, -s.moved_bytes, s.cloud, s.region))
     return ranked
 
@@ -204,3 +210,41 @@ def best_net_location(
         held_hours=held_hours,
     )
     return ranked[0] if ranked and ranked[0].net > 0 else None
+
+
+def page_advice(
+    *,
+    prices: PriceTable,
+    storage: StoragePrices,
+    locations: Sequence[LocationFacts],
+    in_force: Effective,
+    held_hours: float,
+) -> Callable[[list[Record], list[WriterPlace]], Saving | None]:
+    """The usage page's "where a new location pays" (``o41.core.usage.report``'s
+    ``advise``): the net advice as the page's :class:`~o41.core.usage.Saving`, and when no
+    new location pays, the writes-only ranking's region if a location is there already
+    (its writes left the region although a location is there: a location to check)."""
+
+    def advise(records: list[Record], places: list[WriterPlace]) -> Saving | None:
+        best = best_net_location(
+            records,
+            prices=prices,
+            storage=storage,
+            locations=locations,
+            in_force=in_force,
+            held_hours=held_hours,
+        )
+        if best is not None:
+            return Saving(
+                best.cloud,
+                best.region,
+                Tally(best.moved_versions, best.moved_bytes, best.write_egress),
+                has_location=False,
+                reads=best.read_egress,
+                storage=best.storage,
+            )
+        writable = [(loc.cloud, loc.region) for loc in locations if loc.writable]
+        old = best_new_location(places, writable)
+        return old if old is not None and old.has_location else None
+
+    return advise

@@ -3,7 +3,9 @@
 - ``pending/<version>``: a write that began; bound to a lease, so a write never committed
   expires on its own.
 - ``versions/<org>/<artifact>/<version>``: a committed version: only these are readable.
-- ``usage/<org>/<hour>/<digest>``: counters, merged by compare-and-swap.
+- ``usage-by-hour/<hour>/<org>/<digest>``, ``usage-by-day/<day>/<org>/<digest>``: counters,
+  merged by compare-and-swap (o41.webhook.usage); ``usage/<org>/<hour>/<digest>``: the
+  layout before, folded into those.
 """
 
 from __future__ import annotations
