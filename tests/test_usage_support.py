@@ -181,13 +181,16 @@ class NoSecrets:
         return None
 
 
-def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
-    """The placement app with an embedded store holding ``records`` for ``ORG``."""
+def seeded_app(
+    records: list[dict[str, Any]] | None = None, *, store: MemoryStore | None = None
+) -> web.Application:
+    """The placement app with an embedded store (``store``, or a new one) holding
+    ``records`` for ``ORG``."""
     view = View()
     app = make_app(
         Settings(usage_interval=3600),
         FakeReviewer(),
-        store=MemoryStore(),
+        store=store or MemoryStore(),
         cluster=Cluster(view, NoSecrets()),
     )
     view.organizations[ORG] = OrganizationView(

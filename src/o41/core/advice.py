@@ -128,6 +128,16 @@ def rank_new_locations(
             readers[reader] = readers.get(reader, 0) + r.count("bytes")
     taken = {(loc.cloud, loc.region) for loc in locations if loc.writable}
     months = held_hours / MONTH_HOURS
+    # a candidate takes a place's writes by region, as its cloud's default, or as the
+    # fallback (o41.core.placement.place_write): only those places are placed again
+    of_cloud: dict[str | None, list[tuple[Place, str]]] = {}
+    of_place_region: dict[tuple[str | None, str | None], list[tuple[Place, str]]] = {}
+    region_bytes: dict[tuple[str | None, str | None, str], int] = {}
+    for place, name in written:
+        of_cloud.setdefault(place.cloud, []).append((place, name))
+        of_place_region.setdefault((place.cloud, place.region), []).append((place, name))
+        at = (place.cloud, place.region, name)
+        region_bytes[at] = region_bytes.get(at, 0) + written[(place, name)]
     ranked = []
     for cloud, region in sorted(regions - taken):
         candidate = LocationFacts(
@@ -139,9 +149,16 @@ def rank_new_locations(
         )
         trial = [*locations, candidate]
         after = effective(trial, current=in_force)
+        if after.fallback == candidate.name:
+            may_move = list(written)
+        elif after.cloud_defaults.get(cloud) == candidate.name:
+            may_move = of_cloud.get(cloud, [])
+        else:
+            may_move = of_place_region.get((cloud, region), [])
         saved_writes = saved_reads = saved_storage = 0.0
         moved = moved_versions = 0
-        for (place, old_name), size in written.items():
+        for place, old_name in may_move:
+            size = written[(place, old_name)]
             try:
                 new = place_write(
                     place, trial, fallback=after.fallback, cloud_defaults=after.cloud_defaults
@@ -164,11 +181,7 @@ def rank_new_locations(
             if place.cloud is not None and place.region is not None:
                 exact = reads_of.get((place.cloud, place.region, old_name), {})
                 # a place's sources share its region's attributed reads by their bytes
-                of_region = sum(
-                    n
-                    for (p, name), n in written.items()
-                    if name == old_name and (p.cloud, p.region) == (place.cloud, place.region)
-                )
+                of_region = region_bytes.get((place.cloud, place.region, old_name), 0)
                 region_share = size / of_region if of_region else 0.0
                 followed += [(b * region_share, reader) for reader, b in exact.items()]
             for read_bytes, (reader_cloud, reader_region) in followed:
