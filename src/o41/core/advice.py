@@ -1,9 +1,10 @@
 """Where a new location pays, net: the egress it would have saved on the window, less the
 egress it would have added and the storage it would have held.
 
-The usage page's advice (:func:`o41.core.usage.best_new_location`) names the region whose
-writes left it at the highest cost. Two things make it wrong on ML traces (bench/
-cost_replay.py shows both):
+The usage page's advice before (:func:`o41.core.usage.best_new_location`, still what
+``o41.core.usage.report`` does without an ``advise``) names the region whose writes left
+it at the highest cost. Two things make it wrong on ML traces (bench/cost_replay.py shows
+both):
 
 - It counts only writes. A location in a trainer's region keeps its checkpoints local but
   makes every read from another cloud pay the trainer's cloud's internet egress; when the
@@ -20,10 +21,13 @@ locations in; numbers out.
 
 Which reads follow: a read counter with the version's writer place (dims ``writerCloud``
 and ``writerRegion``; a version record holds its writer's place) goes with that writer's
-bytes exactly. The service's read counters do not carry it today: then a location's reads
+bytes exactly; the service counts reads so (``o41.webhook.writes.read``). Read counters
+without it (older ones, or a version whose writer place was unknown): a location's reads
 are shared among the places that wrote to it in proportion to their bytes, which is wrong
 when one writer's versions are read far more than another's (bench/cost_replay.py, trace
 remote-eval, shows how much).
+
+The usage page shows :func:`page_advice`'s answer.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ class Record:
 
 def records_from(raw: Iterable[Any]) -> list[Record]:
     """The well-formed records of ``raw`` (the store's JSON); others are skipped, since a
-    damaged counter must not take the page down."""
+    damaged counter must not take the page down. Dimensions come in name order."""
     found = []
     for r in raw:
         if not isinstance(r, Mapping):
@@ -212,7 +212,7 @@ def records_from(raw: Iterable[Any]) -> list[Record]:
             Record(
                 kind,
                 hour,
-                {str(k): str(v) for k, v in dims.items() if isinstance(v, str)},
+                dict(sorted((str(k), v) for k, v in dims.items() if isinstance(v, str))),
                 {
                     str(k): v
                     for k, v in counts.items()
@@ -295,14 +295,16 @@ def in_span(records: Iterable[Record], span: Span) -> list[Record]:
 
 
 def merged(records: Iterable[Record]) -> list[Record]:
-    """Records of the same kind and dimensions added up across hours (hour: the last).
+    """Records of the same kind and dimensions added up across hours (hour: the first).
 
     The answers do not depend on the hour, and a month has 720 of them: merging first
     keeps the aggregation proportional to the distinct places, not to the history.
+    Dimensions are compared in their order (:func:`records_from` sorts them): records
+    whose dimensions come in another order stay apart, which changes no answer.
     """
     sums: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Record, dict[str, int]]] = {}
     for r in records:
-        key = (r.kind, tuple(sorted(r.dims.items())))
+        key = (r.kind, tuple(r.dims.items()))
         hit = sums.get(key)
         if hit is None:
             sums[key] = (r, dict(r.counts))

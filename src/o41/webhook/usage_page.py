@@ -115,10 +115,9 @@ async def _read(store: Store, plan: list[Period]) -> list[Record]:
 
 
 async def span_records(request: web.Request, org: str, span: Span) -> list[Record]:
-    """The records of ``span``, merged by dimensions: every replica's, this one's
-    unflushed ones included. The periods that are over are merged once and kept a few
-    minutes (:class:`o41.webhook.usage.ClosedPeriods`); the open hour or day is read
-    each time."""
+    """The records of ``span``: every replica's, this one's unflushed ones included.
+    The periods that are over are merged once and kept a few minutes
+    (:class:`o41.webhook.usage.ClosedPeriods`); the open hour or day is read each time."""
     usage, store = request.app[USAGE], request.app[STORE]
     await flushed(usage)
     now = time.time()
@@ -130,7 +129,7 @@ async def span_records(request: web.Request, org: str, span: Span) -> list[Recor
         past = merged(await _read(store, over))
         usage.closed.put(key, past, now)
     current = await _read(store, [p for p in plan if p not in over])
-    return merged([*past, *current])
+    return [*past, *current]  # the report merges them
 
 
 async def usage_report(request: web.Request, org: OrganizationView, window: str) -> Report:
