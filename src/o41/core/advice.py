@@ -143,6 +143,8 @@ def rank_new_locations(
         at = (place.cloud, place.region, name)
         region_bytes[at] = region_bytes.get(at, 0) + written[(place, name)]
     ranked = []
+    after_of: dict[str, Effective] = {}
+    after_named: dict[str, str] = {}
     for cloud, region in sorted(regions - taken):
         candidate = LocationFacts(
             name=f"candidate {cloud}/{region}",
@@ -152,7 +154,12 @@ def rank_new_locations(
             ever_ready=True,
         )
         trial = [*locations, candidate]
-        after = effective(trial, current=in_force)
+        # a candidate changes the roles in force only through its cloud (it is added last):
+        # the same for every region of a cloud, unless it takes a role itself
+        after = after_of.get(cloud)
+        if after is None or _names(after, after_named[cloud]):
+            after = after_of[cloud] = effective(trial, current=in_force)
+            after_named[cloud] = candidate.name
         if after.fallback == candidate.name:
             may_move = list(written)
         elif after.cloud_defaults.get(cloud) == candidate.name:
@@ -205,6 +212,10 @@ def rank_new_locations(
             )
     ranked.sort(key=lambda s: (-s.net, -s.moved_bytes, s.cloud, s.region))
     return ranked
+
+
+def _names(roles: Effective, name: str) -> bool:
+    return roles.fallback == name or name in roles.cloud_defaults.values()
 
 
 def best_net_location(
