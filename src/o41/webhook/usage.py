@@ -31,6 +31,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from o41.core.usage import Record, records_from
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook import metrics
 from o41.webhook.records import PREFIX
@@ -93,6 +94,7 @@ class Usage:
         self._sweep_every = sweep_every
         self._counts: dict[tuple[str, str, Dims], Counter[str]] = defaultdict(Counter)
         self.closed = ClosedPeriods()  # the page's merges of hours and days that are over
+        self.open_records = OpenRecords()  # and the parsed records of the open ones
 
     def add(self, organization: str, kind: str, dims: dict[str, str | None], **counts: int) -> None:
         key = (organization, kind, tuple(sorted((k, v or "") for k, v in dims.items())))
@@ -299,3 +301,40 @@ async def flushed(usage: Usage) -> None:
     """This replica's counters in the store, when it can."""
     with contextlib.suppress(StoreUnavailable):
         await usage.flush()
+
+
+OPEN_ENTRIES = 100_000
+
+
+class OpenRecords:
+    """The page's parsed records of open periods by key, with the revision they were
+    parsed at: a page parses again only the keys flushed to since the last."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[bytes, tuple[int, Record | None]] = {}
+
+    def split(self, kvs: list[KeyValue]) -> tuple[list[Record], list[KeyValue]]:
+        """The records parsed already (at their key's revision), and the keys to parse."""
+        kept: list[Record] = []
+        fresh: list[KeyValue] = []
+        for kv in kvs:
+            hit = self._parsed.get(kv.key)
+            if hit is not None and hit[0] == kv.mod_revision:
+                if hit[1] is not None:
+                    kept.append(hit[1])
+            else:
+                fresh.append(kv)
+        return kept, fresh
+
+    def keep(self, kvs: list[KeyValue], loaded: list[Any]) -> list[Record]:
+        """The records of ``loaded`` (the values of ``kvs``), kept for the next page."""
+        if len(self._parsed) + len(kvs) > OPEN_ENTRIES:
+            self._parsed.clear()
+        found = []
+        for kv, raw in zip(kvs, loaded, strict=True):
+            records = records_from([raw])
+            record = records[0] if records else None
+            self._parsed[kv.key] = (kv.mod_revision, record)
+            if record is not None:
+                found.append(record)
+        return found
