@@ -259,7 +259,7 @@ def periods(
 
 
 CLOSED_AFTER = 120.0  # seconds after its end before a period is taken as over: clock skew
-CLOSED_KEPT = 600.0  # seconds a merge of closed periods is kept
+CLOSED_KEPT = 3600.0  # seconds a merge of closed periods is kept
 CLOSED_ENTRIES = 32
 
 
@@ -274,9 +274,9 @@ def closed(granularity: Granularity, period: str, now: float) -> bool:
 
 class ClosedPeriods:
     """A replica's merges of closed periods' records, by organization and periods, kept
-    a few minutes: the page then reads only the open hour or day from the store. Records
+    an hour: the page then reads only the open hour or day from the store. Records
     of closed periods change only when the retention sweep folds records of the older
-    layout in, which clears this replica's merges (others' expire within minutes)."""
+    layout in, which clears this replica's merges (others' expire within the hour)."""
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, tuple[str, ...]], tuple[float, list[Any]]] = {}
