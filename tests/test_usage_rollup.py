@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from o41.state.memory import MemoryStore
+from o41.webhook import keys
 from o41.webhook.keys import STORE
 from o41.webhook.records import usage_prefix
 from o41.webhook.usage import Usage, day, hour, period_prefix, rollup_prefix
@@ -135,3 +136,21 @@ async def test_a_cursor_of_another_organization_or_a_wrong_page_is_refused(
         headers=bearer("token-team-b"),
     )
     assert other.status == 403  # who may read comes first
+
+
+async def test_a_damaged_record_is_skipped_not_a_500(aiohttp_client: Any) -> None:
+    app = seeded_app()
+    client: Client = await aiohttp_client(app)
+    before = await (await client.get(f"/v1/usage?organization={ORG}", headers=bearer())).json()
+    now = time.time()
+    for prefix in (
+        period_prefix("day", day(now), ORG),  # open: parsed by revision
+        period_prefix("day", day(now - 2 * 86400), ORG),  # closed: merged once
+    ):
+        await app[STORE].put(prefix + b"damaged", b'1],[{"kind"')
+        await app[STORE].put(prefix + b"damaged2", b"[]")
+    app[keys.USAGE].closed.clear()
+    after = await (await client.get(f"/v1/usage?organization={ORG}", headers=bearer())).json()
+    assert after["writes"] == before["writes"] and after["reads"] == before["reads"]
+    page = await client.get(f"/usage?organization={ORG}&window=30d", headers=bearer())
+    assert page.status == 200

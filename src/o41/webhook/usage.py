@@ -260,7 +260,7 @@ def periods(
 
 CLOSED_AFTER = 120.0  # seconds after its end before a period is taken as over: clock skew
 CLOSED_KEPT = 3600.0  # seconds a merge of closed periods is kept
-CLOSED_ENTRIES = 32
+CLOSED_RECORDS = 400_000  # records kept in all merges, at most
 
 
 def closed(granularity: Granularity, period: str, now: float) -> bool:
@@ -273,13 +273,15 @@ def closed(granularity: Granularity, period: str, now: float) -> bool:
 
 
 class ClosedPeriods:
-    """A replica's merges of closed periods' records, by organization and periods, kept
-    an hour: the page then reads only the open hour or day from the store. Records
+    """A replica's merges of closed periods' records, by organization and periods (one
+    period, or a window's set), kept an hour and at most CLOSED_RECORDS records in all:
+    the page then reads only the open hour or day from the store. Records
     of closed periods change only when the retention sweep folds records of the older
     layout in, which clears this replica's merges (others' expire within the hour)."""
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, tuple[str, ...]], tuple[float, list[Any]]] = {}
+        self._records = 0
 
     def get(self, key: tuple[str, tuple[str, ...]], now: float) -> list[Any] | None:
         hit = self._kept.get(key)
@@ -288,13 +290,17 @@ class ClosedPeriods:
         return hit[1]
 
     def put(self, key: tuple[str, tuple[str, ...]], value: list[Any], now: float) -> None:
-        self._kept.pop(key, None)
+        old = self._kept.pop(key, None)
+        self._records -= len(old[1]) if old else 0
         self._kept[key] = (now, value)
-        while len(self._kept) > CLOSED_ENTRIES:
-            del self._kept[next(iter(self._kept))]
+        self._records += len(value)
+        while self._records > CLOSED_RECORDS and len(self._kept) > 1:  # the oldest first
+            _, dropped = self._kept.pop(next(iter(self._kept)))
+            self._records -= len(dropped)
 
     def clear(self) -> None:
         self._kept.clear()
+        self._records = 0
 
 
 async def flushed(usage: Usage) -> None:

@@ -109,24 +109,33 @@ def _plan(org: str, span: Span) -> list[Period]:
     return periods("hour", span.hours, org) + periods("day", span.days, org)
 
 
-async def _read(
-    store: Store, plan: list[Period], parsed: OpenRecords | None = None
-) -> list[Record]:
+async def _read(store: Store, plan: list[Period], parsed: OpenRecords) -> list[Record]:
     """The records of the periods of ``plan``; ``parsed``: the records already parsed at
     the same revision of their key (only the keys changed since are parsed again)."""
     found = await asyncio.gather(*(store.range(prefix) for _, _, prefix in plan))
-    kvs = [kv for kvs in found for kv in kvs]
-    kept: list[Record] = []
-    fresh = kvs
-    if parsed is not None:
-        kept, fresh = parsed.split(kvs)
-    values = [kv.value for kv in fresh]
+    kept, fresh = parsed.split([kv for kvs in found for kv in kvs])
+    return [*kept, *parsed.keep(fresh, _loaded([kv.value for kv in fresh]))]
+
+
+async def _read_each(store: Store, plan: list[Period]) -> list[list[Record]]:
+    """The records of each period of ``plan``."""
+    found = await asyncio.gather(*(store.range(prefix) for _, _, prefix in plan))
+    return [_parsed([kv.value for kv in kvs]) for kvs in found]
+
+
+def _parsed(values: list[bytes]) -> list[Record]:
+    return records_from(_loaded(values))
+
+
+def _loaded(values: list[bytes]) -> list[Any]:
+    """The JSON of each value; None for a damaged one."""
     try:  # one parse for all: a fifth faster than one each
-        loaded = json.loads(b"[" + b",".join(values) + b"]")
-    except ValueError:  # a damaged record: parse them one by one, skipping it
-        loaded = [_loads(v) for v in values]
-    records = records_from(loaded) if parsed is None else parsed.keep(fresh, loaded)
-    return [*kept, *records]
+        loaded: list[Any] = json.loads(b"[" + b",".join(values) + b"]")
+    except ValueError:  # a damaged record: parse them one by one
+        return [_loads(v) for v in values]
+    if len(loaded) != len(values):  # a value that was not one JSON document
+        return [_loads(v) for v in values]
+    return loaded
 
 
 def _loads(value: bytes) -> Any:
@@ -138,8 +147,10 @@ def _loads(value: bytes) -> Any:
 
 async def span_records(request: web.Request, org: str, span: Span) -> list[Record]:
     """The records of ``span``: every replica's, this one's unflushed ones included.
-    The periods that are over are merged once and kept a few minutes
-    (:class:`o41.webhook.usage.ClosedPeriods`); the open hour or day is read each time."""
+    The periods that are over are merged once and kept an hour, each period and the
+    window's set of them (:class:`o41.webhook.usage.ClosedPeriods`): when the window moves
+    on by an hour or a day, only the new period is read. The open hour or day is read
+    each time."""
     usage, store = request.app[USAGE], request.app[STORE]
     await flushed(usage)
     now = time.time()
@@ -148,7 +159,19 @@ async def span_records(request: web.Request, org: str, span: Span) -> list[Recor
     key = (org, tuple(f"{g}:{name}" for g, name, _ in over))
     past = usage.closed.get(key, now)
     if past is None:
-        past = merged(await _read(store, over))
+        parts: list[list[Record]] = []
+        missing: list[Period] = []
+        for g, name, prefix in over:
+            one = usage.closed.get((org, (f"{g}:{name}",)), now)
+            if one is None:
+                missing.append((g, name, prefix))
+            else:
+                parts.append(one)
+        for period, records in zip(missing, await _read_each(store, missing), strict=True):
+            one = merged(records)
+            usage.closed.put((org, (f"{period[0]}:{period[1]}",)), one, now)
+            parts.append(one)
+        past = merged(r for part in parts for r in part)
         usage.closed.put(key, past, now)
     current = await _read(store, [p for p in plan if p not in over], usage.open_records)
     return [*past, *current]  # the report merges them
