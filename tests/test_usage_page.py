@@ -155,6 +155,7 @@ async def test_the_page_asks_for_a_token_and_keeps_it_in_a_cookie(client: Client
     assert "A location in aws/us-west-2 would have kept 4.2 TB local" in text
     for chart in ("places-chart", "sources-chart", "matrix-chart"):
         assert f'<svg id="{chart}"' in text
+    assert "<table id=storage-prices>" in text and "<td>azure</td><td>0.018</td>" in text
     assert "<script" not in text and "http://" not in text.replace(
         "http://www.w3.org/2000/svg", ""
     ).replace("https://", "")
