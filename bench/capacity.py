@@ -51,7 +51,7 @@ from o41.webhook import app as service_app  # noqa: E402
 from o41.webhook.collections import Options, make_app  # noqa: E402
 from o41.webhook.quota import Limits  # noqa: E402
 from o41.webhook.records import Pending, Version, pending_key, version_key  # noqa: E402
-from o41.webhook.usage import Usage  # noqa: E402
+from o41.webhook.usage import Usage, rollup_prefix  # noqa: E402
 from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
 from standin_bucket import Storage  # noqa: E402
 from test_usage_support import FakeReviewer  # noqa: E402
@@ -311,11 +311,14 @@ async def sizes(directory: Path, n: int) -> list[Measured]:
             counters = Usage(store, interval=3600)
             for i in range(n):
                 counters.add(ORG, "write", write_dims(i), versions=6, bytes=12_884_901_888)
-            await counters.flush()
-            records = await store.range(b"/o41/placement/usage/")
+            await counters.flush()  # each into its hour's record and its day's
+            records = [
+                *await store.range(rollup_prefix("hour")),
+                *await store.range(rollup_prefix("day")),
+            ]
             return sum(len(kv.key) + len(kv.value) for kv in records)
 
-        found.append(await measure(etcd, "usage counter record (one hour, place)", n, usage))
+        found.append(await measure(etcd, "usage counter record (one hour, place)", 2 * n, usage))
         found.append(await collection_entries(etcd, n))
     finally:
         await store.close()
@@ -532,7 +535,7 @@ def plan(found: list[Measured]) -> None:
     per_day = 1000 * 6 * 24
     print(f"  1,000 jobs, a checkpoint every 10 min: {per_day:,} versions/day")
     places = 50  # distinct dimension sets an hour, of each of begin, write and read
-    counters = places * 3 * 24 * usage
+    counters = places * 3 * (24 + 1) * usage  # the hours' records and the day's
     daily = per_day * version + counters
     print(
         f"  growth: {daily / MiB:,.1f} MiB/day ({per_day * version / MiB:,.1f} versions + "

@@ -6,12 +6,16 @@ writes and reads, and storage per GB-month, in the table's currency):
 
   (a) single     one bucket in one region (the first given location) for everything;
   (b) placement  o41.core.placement.place_write with the given locations;
-  (c) advice     the same, adding in order the locations the usage page's advice names
-                 (o41.core.usage.report, re-run every --every hours on the --window of
-                 counters the trace produced so far, as the page would show them);
-      (c+) net   the same with o41.core.advice.best_net_location, which ranks regions by
-                 the egress a location would have saved on the window net of the reads it
-                 sends elsewhere and the storage it holds;
+  (c) advice     the same, adding in order the locations an advice names, re-run every
+                 --every hours on the --window of counters the trace produced so far:
+      (c) writes only   the page's advice before issue 20, o41.core.usage.best_new_location
+                        (the region whose writes left it at the highest cost);
+      (c+) net, shared  o41.core.advice.best_net_location, which ranks regions by the
+                        egress a location would have saved on the window net of the reads
+                        it sends elsewhere and the storage it holds, on read counters
+                        without the version's writer (reads shared by bytes written);
+      (c++) net (page)  the same on read counters that carry the version's writer place,
+                        as the service counts them now: the usage page's advice;
   (d) optimum    each version at the candidate location (any region the trace names, or a
                  given location) where its write, its reads and its storage cost least,
                  knowing the future: a lower bound for single-copy placement.
@@ -35,29 +39,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 from bench.traces.trace import Event, load  # noqa: E402
 
 from o41.core import usage  # noqa: E402
-from o41.core.advice import MONTH_HOURS, StoragePrices, best_net_location  # noqa: E402
+from o41.core.advice import MONTH_HOURS, best_net_location  # noqa: E402
 from o41.core.organization import LocationFacts, effective  # noqa: E402
 from o41.core.placement import place_write  # noqa: E402
 from o41.core.places import Place  # noqa: E402
-from o41.core.usage import GB, PriceTable, Record  # noqa: E402
-from o41.webhook.prices import DEFAULT_PRICES  # noqa: E402
-
-# Standard (hot) storage class, first tier, US regions, per GB-month. The page's table
-# prices egress only; these are the storage half of the same question.
-STORAGE_PRICES = StoragePrices(
-    as_of="2026-11-29",
-    clouds={
-        "aws": 0.023,  # S3 Standard, first 50 TB/month
-        "gcp": 0.020,  # Cloud Storage Standard, regional (us-central1)
-        "azure": 0.018,  # Blob Storage hot, LRS (East US), first 50 TB/month
-    },
-    default=0.023,
-    sources=(
-        "https://aws.amazon.com/s3/pricing/",
-        "https://cloud.google.com/storage/pricing",
-        "https://azure.microsoft.com/en-us/pricing/details/storage/blobs/",
-    ),
-)
+from o41.core.usage import GB, PriceTable, Record, StoragePrices  # noqa: E402
+from o41.webhook.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
 
 TRACES = ROOT / "bench" / "traces"
 # the shipped traces and the locations their organization starts with (the first is the
@@ -248,7 +235,7 @@ def simulate(
     """(b), or (c) with ``advice``: each write placed by the core as it comes, the advice
     re-run every ``every`` hours on the counters of the ``window`` before. Where each
     version went, by index. ``writer_on_reads``: the read counters carry the version's
-    writer place (the service's do not, today)."""
+    writer place (``writerCloud``, ``writerRegion``), as the service's do."""
     org = Organization(given)
     counters = Counters()
     at: dict[int, LocationFacts] = {}
@@ -307,8 +294,8 @@ def cost_of(replay: Replay, at: dict[int, Region], prices: Prices, since: float 
 
 
 def page_advice(prices: Prices, window: str = usage.DEFAULT_WINDOW) -> Advice:
-    """The usage page's "where a new location pays", followed when it names a region
-    without a location."""
+    """The writes-only "where a new location pays" (the page's before issue 20), followed
+    when it names a region without a location."""
 
     def follow(org: Organization, records: list[Record], now_hour: str, when: float) -> None:
         page = usage.report(
@@ -325,7 +312,8 @@ def page_advice(prices: Prices, window: str = usage.DEFAULT_WINDOW) -> Advice:
 
 
 def net_advice(prices: Prices, held_hours: float) -> Advice:
-    """o41.core.advice's net ranking, followed while it names a region that pays."""
+    """o41.core.advice's net ranking, followed while it names a region that pays (the
+    usage page shows its first, ``o41.core.advice.page_advice``)."""
 
     def follow(org: Organization, records: list[Record], now_hour: str, when: float) -> None:
         while True:
@@ -379,9 +367,9 @@ def run(
     placed["(a) single"], _ = simulate(replay, given[:1], prices)
     placed["(b) placement"], _ = simulate(replay, given, prices)
     for label, advice, writer in (
-        ("(c) page advice", page_advice(prices, window), False),
-        ("(c+) net advice", net_advice(prices, held), False),
-        ("(c++) net, writer", net_advice(prices, held), True),
+        ("(c) writes only", page_advice(prices, window), False),
+        ("(c+) net, shared", net_advice(prices, held), False),
+        ("(c++) net (page)", net_advice(prices, held), True),
     ):
         placed[label], org = simulate(
             replay, given, prices, advice=advice, every=every, window=window, writer_on_reads=writer

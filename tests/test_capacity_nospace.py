@@ -23,7 +23,7 @@ from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.webhook.collections import Options, make_app  # noqa: E402
 from o41.webhook.quota import Limits  # noqa: E402
 from o41.webhook.records import version_key  # noqa: E402
-from o41.webhook.usage import Usage  # noqa: E402
+from o41.webhook.usage import Usage, rollup_prefix  # noqa: E402
 
 pytestmark = pytest.mark.etcd
 
@@ -94,7 +94,8 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         counters = Usage(store, interval=3600)
         counters.add(ORG, "write", write_dims(0), versions=1, bytes=1)
         await counters.flush()  # refused: kept for the next flush, not lost
-        assert await store.range(b"/o41/placement/usage/") == []
+        assert await store.range(rollup_prefix("hour")) == []
+        assert await store.range(rollup_prefix("day")) == []
 
         # reads still work
         status, answer = await service.read("kept", kept["version"])
@@ -114,7 +115,8 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
         assert etcd.alarms() == []
         await commit(store, await begin(store, lease, 3))
         await counters.flush()
-        assert len(await store.range(b"/o41/placement/usage/")) == 1
+        assert len(await store.range(rollup_prefix("hour"))) == 1  # the hour's record
+        assert len(await store.range(rollup_prefix("day"))) == 1  # and the day's
         r = await client.post("/v1/collections/c/dict/d/set", json=entry("again"))
         assert r.status == 200
         status, again = await service.begin("again", b"y")

@@ -292,7 +292,8 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
     assert c["args"] == [
         "python", "-m", "o41.webhook", "--host", "0.0.0.0", "--port", "8080",
         "--metrics-port", "9090", "--etcd", endpoints, "--secrets-namespace", NAMESPACE,
-        "--authentication", "tokenreview",
+        "--authentication", "tokenreview", "--usage-hourly-days", "14",
+        "--usage-daily-days", "400",
     ]  # fmt: skip
     pdb = find(docs, "PodDisruptionBudget", "-placement")
     assert pdb["spec"]["maxUnavailable"] == 1
@@ -303,6 +304,18 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
         ("metrics", 9090),
     ]
     assert service["spec"]["selector"] == placement["spec"]["selector"]["matchLabels"]
+
+
+def test_usage_retention_reaches_the_service_and_is_checked() -> None:
+    docs = render(
+        "placement.usage.retention.hourlyDays=3", "placement.usage.retention.dailyDays=90"
+    )
+    args = container(find(docs, "Deployment", "-placement"))["args"]
+    assert args[args.index("--usage-hourly-days") + 1] == "3"
+    assert args[args.index("--usage-daily-days") + 1] == "90"
+    done = run_helm("template", "o41", str(CHART), "--set", "placement.usage.retention.dailyDays=7")
+    assert done.returncode != 0
+    assert "/placement/usage/retention/dailyDays" in done.stderr
 
 
 def test_external_etcd_deploys_no_etcd_and_is_what_the_service_uses() -> None:

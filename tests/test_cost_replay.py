@@ -17,7 +17,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cost_replay import (  # noqa: E402
     SHIPPED,
-    STORAGE_PRICES,
     TRACES,
     Prices,
     Region,
@@ -33,7 +32,7 @@ from bench.cost_replay import (  # noqa: E402
 from bench.traces.synthetic import MIXES, generate  # noqa: E402
 from bench.traces.trace import Event, TraceError, load, read_trace, write  # noqa: E402
 
-from o41.webhook.prices import DEFAULT_PRICES  # noqa: E402
+from o41.webhook.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
 
 PRICES = Prices(DEFAULT_PRICES, STORAGE_PRICES)
 
@@ -158,11 +157,11 @@ def test_the_net_advice_brings_the_shipped_traces_to_the_bound_where_placement_c
         steady = results[name].steady
         return steady[label].total / steady["(d) optimum"].total - 1
 
-    assert over("train-local.csv", "(c+) net advice") < 0.10
-    assert over("train-local.csv", "(c) page advice") > 0.10
-    assert over("remote-eval.csv", "(c++) net, writer") < 0.10
-    assert over("remote-eval.csv", "(c) page advice") > over("remote-eval.csv", "(b) placement")
-    assert over("fan-out.csv", "(c+) net advice") > 0.10
+    assert over("train-local.csv", "(c+) net, shared") < 0.10
+    assert over("train-local.csv", "(c) writes only") > 0.10
+    assert over("remote-eval.csv", "(c++) net (page)") < 0.10
+    assert over("remote-eval.csv", "(c) writes only") > over("remote-eval.csv", "(b) placement")
+    assert over("fan-out.csv", "(c+) net, shared") > 0.10
     for result in results.values():
         bound = result.costs["(d) optimum"].total
         assert all(c.total >= bound - 1e-6 for c in result.costs.values())

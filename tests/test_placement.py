@@ -218,7 +218,7 @@ class World:
 
     def usage(self, token: Path) -> list[dict[str, Any]]:
         req = urllib.request.Request(
-            f"{self.service.url}/v1/usage?organization={self.org}",
+            f"{self.service.url}/v1/usage?organization={self.org}&records=true&limit=5000",
             headers={"Authorization": f"Bearer {token.read_text()}"},
         )
         with urllib.request.urlopen(req, timeout=10) as r:

@@ -14,10 +14,12 @@ from o41.core.usage import (
     Prices,
     PriceTable,
     Record,
+    Saving,
     Tally,
     best_new_location,
     by_source,
     human_bytes,
+    in_span,
     in_window,
     money,
     override_prices,
@@ -26,6 +28,7 @@ from o41.core.usage import (
     report,
     savings_sentence,
     window_hours,
+    window_span,
     writer_places,
 )
 from o41.webhook.prices import DEFAULT_PRICES
@@ -327,3 +330,52 @@ def test_totals_are_conserved_across_groupings(history: list[Record]) -> None:
             for p in rep.places
             if p.region is not None
         )
+
+
+def test_a_span_reads_whole_days_daily_and_the_first_partial_day_hourly() -> None:
+    span = window_span(NOW, "7d", hourly_since="2026-02-24T12")  # hourly kept 14 days
+    assert (span.first_hour, span.last_hour) == ("2026-03-03T13", NOW)  # the whole 168 h
+    assert span.hours == tuple(f"2026-03-03T{h:02}" for h in range(13, 24))
+    assert span.days == tuple(f"2026-03-{d:02}" for d in range(4, 11))  # today's so far
+    # 30 days back is no longer kept hourly: the window starts with the next whole day
+    month = window_span(NOW, "30d", hourly_since="2026-02-24T12")
+    assert (month.first_hour, month.hours) == ("2026-02-09T00", ())  # not 2026-02-08T13
+    assert month.days[0] == "2026-02-09" and month.days[-1] == "2026-03-10"
+    assert len(month.days) == 30
+    # a window starting at midnight reads days only; no hourly_since: hours only
+    assert window_span("2026-03-10T23", "24h", hourly_since="2026-03-01T00").days == ("2026-03-10",)
+    hourly = window_span(NOW, "24h")
+    assert len(hourly.hours) == 24 and hourly.days == ()
+
+
+def test_daily_records_count_in_the_days_of_their_span() -> None:
+    aws = {"cloud": "aws"}
+    raw = [
+        {"kind": "write", "day": "2026-03-10", "dims": aws, "counts": {"bytes": 5}},
+        {"kind": "write", "hour": "2026-03-10T03", "dims": aws, "counts": {"bytes": 1}},
+        {"kind": "write", "day": "2026-03-02", "dims": aws, "counts": {"bytes": 7}},
+        {"kind": "write", "hour": "2026-03-03T20", "dims": aws, "counts": {"bytes": 2}},
+    ]
+    records = records_from(raw)
+    assert [r.daily for r in records] == [True, False, True, False]
+    assert records[0].as_json()["day"] == "2026-03-10" and "hour" not in records[0].as_json()
+    span = window_span(NOW, "7d", hourly_since="2026-02-24T12")
+    # the day's record, not the hour already in it; the first day's hour, not its day
+    assert sum(r.count("bytes") for r in in_span(records, span)) == 5 + 2
+
+
+def test_the_net_sentence_says_what_reads_and_storage_changed() -> None:
+    saving = Saving("gcp", "us-central1", Tally(3, 500 * GB, 43.5), False, -18.96, 0.08)
+    assert savings_sentence(saving, []) == (
+        "A location in gcp/us-central1 would have kept 500 GB local, about $24.62 over this "
+        "window (net of $18.96 more egress on reads and $0.08 less storage)."
+    )
+    left = writer_places(
+        [write("gcp", "us-central1", "env", "fallback", ("aws", "us-east-1"), 1, 100 * GB)],
+        PRICES,
+    )
+    assert savings_sentence(None, left, none_pays=True) == (
+        "100 GB written left its writer's region (about $12.00), but no new location would "
+        "have saved money over this window: the reads of those versions would then cross "
+        "further."
+    )

@@ -3,7 +3,8 @@ seeded with a known counter history.
 
 The stand-ins are the token reviewer (test tokens map to namespaces) and the Kubernetes
 view (Organizations and Locations put in directly); the records are written to the store
-exactly as ``Usage`` merges them, hours in the past included.
+exactly as ``Usage`` merges them (each into its hour's and its day's key), hours in the
+past included.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from o41.state.memory import MemoryStore
 from o41.webhook import auth
 from o41.webhook.app import Settings, make_app
 from o41.webhook.keys import STORE
-from o41.webhook.records import usage_prefix
-from o41.webhook.usage import hour
+from o41.webhook.usage import hour, period_prefix
 from o41.webhook.view import Cluster, OrganizationView, View
 
 ORG = "ml"
@@ -181,13 +181,16 @@ class NoSecrets:
         return None
 
 
-def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
-    """The placement app with an embedded store holding ``records`` for ``ORG``."""
+def seeded_app(
+    records: list[dict[str, Any]] | None = None, *, store: MemoryStore | None = None
+) -> web.Application:
+    """The placement app with an embedded store (``store``, or a new one) holding
+    ``records`` for ``ORG``."""
     view = View()
     app = make_app(
         Settings(usage_interval=3600),
         FakeReviewer(),
-        store=MemoryStore(),
+        store=store or MemoryStore(),
         cluster=Cluster(view, NoSecrets()),
     )
     view.organizations[ORG] = OrganizationView(
@@ -202,13 +205,36 @@ def seeded_app(records: list[dict[str, Any]] | None = None) -> web.Application:
     seed = history() if records is None else records
 
     async def seeded(app: web.Application) -> None:
-        for i, r in enumerate(seed):
-            digest = hashlib.sha256(f"{i}".encode()).hexdigest()[:24]
-            key = usage_prefix(ORG) + f"{r['hour']}/{digest}".encode()
-            await app[STORE].put(key, json.dumps(r).encode())
+        for key, value in stored(seed):
+            await app[STORE].put(key, value)
 
     app.on_startup.append(seeded)  # after the cleanup contexts: the store is there
     return app
+
+
+def stored(records: list[dict[str, Any]], org: str = ORG) -> list[tuple[bytes, bytes]]:
+    """The keys and values ``records`` (hourly) are in the store once flushed: each in its
+    hour's key and, added up by kind and dimensions, in its day's."""
+    found: list[tuple[bytes, bytes]] = []
+    days: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, r in enumerate(records):
+        digest = hashlib.sha256(f"{i}".encode()).hexdigest()[:24]
+        found.append((period_prefix("hour", r["hour"], org) + digest.encode(), dumps(r)))
+        kind_dims = json.dumps([r["kind"], sorted(r["dims"].items())])
+        day = days.setdefault(
+            (r["hour"][:10], kind_dims),
+            {"kind": r["kind"], "day": r["hour"][:10], "dims": r["dims"], "counts": {}},
+        )
+        for name, n in r["counts"].items():
+            day["counts"][name] = day["counts"].get(name, 0) + n
+    for (when, kind_dims), day in days.items():
+        digest = hashlib.sha256(kind_dims.encode()).hexdigest()[:24]
+        found.append((period_prefix("day", when, org) + digest.encode(), dumps(day)))
+    return found
+
+
+def dumps(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":")).encode()
 
 
 def bearer(token: str = "token-team-a") -> dict[str, str]:

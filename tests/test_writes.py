@@ -113,7 +113,9 @@ async def service(tmp_path: Path) -> AsyncIterator[Service]:
 
 
 async def usage_of(service: Service, kind: str) -> list[dict[str, Any]]:
-    status, answer = await service.api("GET", f"/v1/usage?organization={ORG}")
+    status, answer = await service.api(
+        "GET", f"/v1/usage?organization={ORG}&records=true&limit=5000"
+    )
     assert status == 200, answer
     return [r for r in answer["records"] if r["kind"] == kind]
 

@@ -1,4 +1,4 @@
-"""The usage page's answers, from the service's hourly counter records.
+"""The usage page's answers, from the service's counter records, hourly and daily.
 
 Two questions (the spec's "Usage"): which places write to the fallback or another region,
 which is where a new location pays, and how many bytes cross clouds on reads. Pure: the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ RULES: tuple[str, ...] = tuple(Rule)
 LOCALITIES: tuple[str, ...] = tuple(Locality)
 UNKNOWN = "unknown"  # how a missing cloud or region is shown
 HOUR_FORMAT = "%Y-%m-%dT%H"
+DAY_FORMAT = "%Y-%m-%d"
 
 
 # --- prices -------------------------------------------------------------------------
@@ -90,6 +91,19 @@ class PriceTable:
             },
             "sources": list(self.sources),
         }
+
+
+@dataclass(frozen=True)
+class StoragePrices:
+    """Per GB-month list prices of the standard storage class, by cloud, dated."""
+
+    as_of: str
+    clouds: Mapping[str, float]
+    default: float  # any other cloud tag and unknown places
+    sources: tuple[str, ...] = ()
+
+    def of(self, cloud: str | None) -> float:
+        return self.clouds.get(cloud or "", self.default)
 
 
 def _price(value: Any, where: str) -> float:
@@ -155,12 +169,14 @@ def override_prices(data: Any, base: PriceTable) -> PriceTable:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One counter record: what happened in one hour for one set of dimensions."""
+    """One counter record: what happened in one hour (or one day) for one set of
+    dimensions."""
 
     kind: str  # begin, write, read
-    hour: str  # YYYY-MM-DDTHH, UTC
+    hour: str  # YYYY-MM-DDTHH, UTC; a daily record's day, YYYY-MM-DD
     dims: Mapping[str, str]
     counts: Mapping[str, int]
+    daily: bool = False
 
     def dim(self, name: str) -> str | None:
         """A dimension, None when it was unknown (the counters store it as "")."""
@@ -172,7 +188,7 @@ class Record:
     def as_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "hour": self.hour,
+            ("day" if self.daily else "hour"): self.hour,
             "dims": dict(self.dims),
             "counts": dict(self.counts),
         }
@@ -180,12 +196,14 @@ class Record:
 
 def records_from(raw: Iterable[Any]) -> list[Record]:
     """The well-formed records of ``raw`` (the store's JSON); others are skipped, since a
-    damaged counter must not take the page down."""
+    damaged counter must not take the page down. Dimensions come in name order."""
     found = []
     for r in raw:
         if not isinstance(r, Mapping):
             continue
-        kind, hour, dims, counts = r.get("kind"), r.get("hour"), r.get("dims"), r.get("counts")
+        kind, dims, counts = r.get("kind"), r.get("dims"), r.get("counts")
+        daily = "hour" not in r
+        hour = r.get("day") if daily else r.get("hour")
         if not (isinstance(kind, str) and isinstance(hour, str)):
             continue
         if not (isinstance(dims, Mapping) and isinstance(counts, Mapping)):
@@ -194,12 +212,13 @@ def records_from(raw: Iterable[Any]) -> list[Record]:
             Record(
                 kind,
                 hour,
-                {str(k): str(v) for k, v in dims.items() if isinstance(v, str)},
+                dict(sorted((str(k), v) for k, v in dims.items() if isinstance(v, str))),
                 {
                     str(k): v
                     for k, v in counts.items()
                     if isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 },
+                daily,
             )
         )
     return found
@@ -215,19 +234,77 @@ def window_hours(now_hour: str, window: str) -> tuple[str, str]:
 
 
 def in_window(records: Iterable[Record], first: str, last: str) -> list[Record]:
-    """Records of the hours ``first`` to ``last`` (fixed-width hours sort as strings)."""
-    return [r for r in records if first <= r.hour <= last]
+    """Hourly records of the hours ``first`` to ``last`` (fixed-width hours sort as
+    strings)."""
+    return [r for r in records if not r.daily and first <= r.hour <= last]
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a window reads: hourly records for the hours before its first whole day, daily
+    records for its days (today's so far included). ``first_hour`` is where the window
+    really starts: later than the window's first hour when those hours are no longer kept
+    hourly (then it starts with the next whole day)."""
+
+    first_hour: str
+    last_hour: str
+    hours: tuple[str, ...]
+    days: tuple[str, ...]
+
+
+def _hours(first: dt.datetime, last: dt.datetime) -> tuple[str, ...]:
+    found, at = [], first
+    while at <= last:
+        found.append(at.strftime(HOUR_FORMAT))
+        at += dt.timedelta(hours=1)
+    return tuple(found)
+
+
+def window_span(now_hour: str, window: str, hourly_since: str | None = None) -> Span:
+    """The periods to read for ``window`` ending with the hour ``now_hour``.
+
+    ``hourly_since``: the oldest hour still kept hourly; None reads every hour of the window
+    hourly (no daily records: the page's numbers then come from hours alone). Otherwise
+    the whole days of the window are read daily (today's daily record is today's hours so
+    far) and the hours of its first, partial day hourly when kept; a window whose first
+    day is no longer kept hourly starts with the next whole day.
+    """
+    first_hour, last_hour = window_hours(now_hour, window)
+    first, last = (dt.datetime.strptime(h, HOUR_FORMAT) for h in (first_hour, last_hour))
+    if hourly_since is None:
+        return Span(first_hour, last_hour, _hours(first, last), ())
+    head_end = first.replace(hour=0) + dt.timedelta(days=1)  # the first whole day
+    hours: tuple[str, ...] = ()
+    if first.hour == 0:
+        head_end = first
+    elif first_hour >= hourly_since:
+        hours = _hours(first, min(head_end - dt.timedelta(hours=1), last))
+    else:
+        first_hour = head_end.strftime(HOUR_FORMAT)
+    days, day = [], head_end
+    while day <= last:
+        days.append(day.strftime(DAY_FORMAT))
+        day += dt.timedelta(days=1)
+    return Span(first_hour, last_hour, hours, tuple(days))
+
+
+def in_span(records: Iterable[Record], span: Span) -> list[Record]:
+    """The records of the span's hours (hourly) and days (daily)."""
+    hours, days = set(span.hours), set(span.days)
+    return [r for r in records if r.hour in (days if r.daily else hours)]
 
 
 def merged(records: Iterable[Record]) -> list[Record]:
-    """Records of the same kind and dimensions added up across hours (hour: the last).
+    """Records of the same kind and dimensions added up across hours (hour: the first).
 
     The answers do not depend on the hour, and a month has 720 of them: merging first
     keeps the aggregation proportional to the distinct places, not to the history.
+    Dimensions are compared in their order (:func:`records_from` sorts them): records
+    whose dimensions come in another order stay apart, which changes no answer.
     """
     sums: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Record, dict[str, int]]] = {}
     for r in records:
-        key = (r.kind, tuple(sorted(r.dims.items())))
+        key = (r.kind, tuple(r.dims.items()))
         hit = sums.get(key)
         if hit is None:
             sums[key] = (r, dict(r.counts))
@@ -235,7 +312,7 @@ def merged(records: Iterable[Record]) -> list[Record]:
             totals = hit[1]
             for name, n in r.counts.items():
                 totals[name] = totals.get(name, 0) + n
-    return [Record(r.kind, r.hour, r.dims, totals) for r, totals in sums.values()]
+    return [Record(r.kind, r.hour, r.dims, totals, r.daily) for r, totals in sums.values()]
 
 
 # --- question 1: which places write to another region ----------------------------------
@@ -354,12 +431,23 @@ def writer_places(records: Iterable[Record], prices: PriceTable) -> list[WriterP
 
 @dataclass(frozen=True, slots=True)
 class Saving:
-    """What a location in ``cloud``/``region`` would have kept local over the window."""
+    """What a location in ``cloud``/``region`` would have kept local over the window.
+
+    ``kept``: the writes it would have taken and their egress; ``reads`` and ``storage``:
+    what it would have changed on the reads of those versions and on their storage
+    (positive saved, negative spent; zero for the writes-only ranking).
+    """
 
     cloud: str
     region: str
     kept: Tally
     has_location: bool  # a location is there already: it did not take these writes
+    reads: float = 0.0
+    storage: float = 0.0
+
+    @property
+    def net(self) -> float:
+        return self.kept.cost + self.reads + self.storage
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -367,6 +455,9 @@ class Saving:
             "region": self.region,
             "kept": self.kept.as_json("versions"),
             "hasLocation": self.has_location,
+            "reads": round(self.reads, 6),
+            "storage": round(self.storage, 6),
+            "net": round(self.net, 6),
         }
 
 
@@ -412,15 +503,38 @@ def money(amount: float, currency: str = "USD") -> str:
     return f"{amount:,.0f} {currency}" if amount >= 100 else f"{amount:,.2f} {currency}"
 
 
+def _net_of(saving: Saving, currency: str) -> str:
+    """`` (net of $12 more egress on reads)``: what the reads and storage changed."""
+    said = []
+    for amount, what in ((saving.reads, "egress on reads"), (saving.storage, "storage")):
+        if amount <= -0.005:
+            said.append(f"{money(-amount, currency)} more {what}")
+        elif amount >= 0.005:
+            said.append(f"{money(amount, currency)} less {what}")
+    return f" (net of {' and '.join(said)})" if said else ""
+
+
 def savings_sentence(
-    saving: Saving | None, places: Iterable[WriterPlace], currency: str = "USD"
+    saving: Saving | None,
+    places: Iterable[WriterPlace],
+    currency: str = "USD",
+    *,
+    none_pays: bool = False,
 ) -> str:
-    """Where a new location would pay, in one or two sentences."""
+    """Where a new location would pay, in one or two sentences. ``none_pays``: writes left
+    their region, but no new location would have saved money net (the net advice)."""
     places = list(places)
     unknown = sum((p.left_region for p in places if p.region is None), Tally())
     parts = []
     if saving is None:
-        if any(p.written.count for p in places) and not unknown.bytes:
+        left = sum((p.left_region for p in places if p.region is not None), Tally())
+        if none_pays and left.bytes:
+            parts.append(
+                f"{human_bytes(left.bytes)} written left its writer's region (about "
+                f"{money(left.cost, currency)}), but no new location would have saved money "
+                "over this window: the reads of those versions would then cross further."
+            )
+        elif any(p.written.count for p in places) and not unknown.bytes:
             parts.append(
                 "Every write in this window stayed in its writer's region: "
                 "no new location would pay."
@@ -437,8 +551,8 @@ def savings_sentence(
     else:
         parts.append(
             f"A location in {saving.cloud}/{saving.region} would have kept "
-            f"{human_bytes(saving.kept.bytes)} local, about {money(saving.kept.cost, currency)} "
-            "over this window."
+            f"{human_bytes(saving.kept.bytes)} local, about {money(saving.net, currency)} "
+            f"over this window{_net_of(saving, currency)}."
         )
     if unknown.bytes:
         parts.append(
@@ -614,6 +728,9 @@ class Report:
         }
 
 
+Advise = Callable[[list[Record], list[WriterPlace]], "Saving | None"]
+
+
 def report(
     records: Iterable[Record],
     *,
@@ -621,23 +738,35 @@ def report(
     now_hour: str,
     window: str = DEFAULT_WINDOW,
     locations: Collection[tuple[str, str]] = (),
+    span: Span | None = None,
+    advise: Advise | None = None,
 ) -> Report:
     """The usage page for the ``window`` ending in ``now_hour``; ``locations`` are the
-    (cloud, region) pairs that have an active location already."""
-    first, last = window_hours(now_hour, window)
-    kept = in_window(records, first, last)
+    (cloud, region) pairs that have an active location already.
+
+    ``span``: the hours and days the records are of (:func:`window_span`); None: every
+    hour of the window, hourly. ``advise``: where a new location pays, from the window's
+    merged records and writer places (the service passes ``o41.core.advice``'s net
+    advice); None: the writes-only :func:`best_new_location`.
+    """
+    span = span or window_span(now_hour, window)
+    kept = in_span(records, span)
     summed = merged(kept)
     places = writer_places(summed, prices)
-    saving = best_new_location(places, locations)
+    if advise is None:
+        saving, none_pays = best_new_location(places, locations), False
+    else:
+        saving = advise(summed, places)
+        none_pays = saving is None
     return Report(
         window=window,
-        first_hour=first,
-        last_hour=last,
+        first_hour=span.first_hour,
+        last_hour=span.last_hour,
         places=places,
         sources=by_source(places),
         reads=read_flows(summed, prices),
         saving=saving,
-        summary=savings_sentence(saving, places, prices.currency),
+        summary=savings_sentence(saving, places, prices.currency, none_pays=none_pays),
         prices=prices,
         records=kept,
     )

@@ -34,6 +34,18 @@ def main(argv: list[str] | None = None) -> int:
         "--secrets-namespace", default=os.environ.get("O41_OPERATOR_NAMESPACE", "o41-system")
     )
     parser.add_argument("--authentication", choices=["tokenreview", "none"], default="tokenreview")
+    parser.add_argument(
+        "--usage-hourly-days",
+        type=int,
+        default=14,
+        help="days the hourly usage counters are kept (at least 2: the page's 24 h window)",
+    )
+    parser.add_argument(
+        "--usage-daily-days",
+        type=int,
+        default=400,
+        help="days the daily usage counters are kept (at least 31: the page's 30-day window)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -42,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     from o41.state import store_settings
     from o41.webhook.app import Settings, make_app
 
+    if args.usage_hourly_days < 2:
+        parser.error("--usage-hourly-days must be at least 2 (the usage page's 24 h window)")
+    if args.usage_daily_days < 31:
+        parser.error("--usage-daily-days must be at least 31 (the usage page's 30-day window)")
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
     except ValueError as e:
@@ -53,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         secrets_namespace=args.secrets_namespace,
         authentication=args.authentication,
         metrics_address=(args.host, args.metrics_port) if args.metrics_port else None,
+        usage_hourly_days=args.usage_hourly_days,
+        usage_daily_days=args.usage_daily_days,
     )
     web.run_app(make_app(settings), host=args.host, port=args.port, access_log=None)
     return 0

@@ -64,7 +64,12 @@ def state_store(given: Store | None) -> Any:
         )
         app[STORE] = store
         app[BATCHER] = PutBatcher(store)
-        usage = Usage(store, settings.usage_interval)
+        usage = Usage(
+            store,
+            settings.usage_interval,
+            hourly_days=settings.usage_hourly_days,
+            daily_days=settings.usage_daily_days,
+        )
         app[USAGE] = usage
         app[COUNTS] = VersionCounts(store, app.get(KUBE_API), settings.secrets_namespace)
         flusher = asyncio.create_task(usage.run())

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
+from o41.core.usage import DEFAULT_WINDOW, WINDOWS
 from o41.webhook.placement import BeginIn, CommitIn, TagIn
 
 REF = "#/components/schemas/{model}"
@@ -151,17 +152,37 @@ class ResolvedOut(VersionOut):
 
 
 class UsageRecord(Out):
+    """A stored counter record: of one hour (``hour``) or one day (``day``), UTC."""
+
     kind: str
-    hour: str
+    hour: str | None = Field(None, description="YYYY-MM-DDTHH, on an hourly record.")
+    day: str | None = Field(None, description="YYYY-MM-DD, on a daily record.")
     dims: dict[str, str]
     counts: dict[str, int]
 
 
 class UsageOut(Out):
-    """Both answers of the usage page, and the raw counters of the window."""
+    """Both answers of the usage page for the window (``summary``, ``saving``, ``writes``,
+    ``reads``, ``prices``); with ``records=true``, a page of the window's raw counter
+    records instead (``records``, ``next``)."""
 
     organization: str
-    records: list[UsageRecord]
+    window: Literal["24h", "7d", "30d"]
+    from_: str = Field(alias="from", description="The window's first hour, YYYY-MM-DDTHH.")
+    to: str = Field(description="The window's last hour (this one).")
+    summary: str | None = Field(None, description="Where a new location pays, in words.")
+    saving: dict[str, Any] | None = Field(
+        None, description="The region the summary names, what it keeps and saves, net."
+    )
+    writes: dict[str, Any] | None = None
+    reads: dict[str, Any] | None = None
+    prices: dict[str, Any] | None = None
+    records: list[UsageRecord] | None = Field(
+        None, description="With records=true: a page of the window's raw records."
+    )
+    next: str | None = Field(
+        None, description="With records=true: the cursor of the next page; null on the last."
+    )
 
 
 class CollectionOut(Out):
@@ -381,8 +402,43 @@ def document() -> dict[str, Any]:
             "/v1/usage": {
                 "get": {
                     "operationId": "usage",
-                    "summary": "Usage of one organization: both answers and the counters",
-                    "parameters": _query("organization", required=True) + _query("window"),
+                    "summary": "Usage of one organization: both answers of the window, or a "
+                    "page of its raw counter records (records=true)",
+                    "parameters": [
+                        *_query("organization", required=True),
+                        {
+                            "name": "window",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": list(WINDOWS), "default": DEFAULT_WINDOW},
+                        },
+                        {
+                            "name": "records",
+                            "in": "query",
+                            "required": False,
+                            "description": "true: a page of the raw records, not the answers",
+                            "schema": {"enum": ["true", "false"], "default": "false"},
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "required": False,
+                            "description": "Raw records per page (records=true)",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": 5000,
+                                "default": 1000,
+                            },
+                        },
+                        {
+                            "name": "cursor",
+                            "in": "query",
+                            "required": False,
+                            "description": "The previous page's next (records=true)",
+                            "schema": {"type": "string"},
+                        },
+                    ],
                     "responses": _answers(200, UsageOut, "the usage of the window"),
                 }
             },

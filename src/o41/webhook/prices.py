@@ -1,4 +1,5 @@
-"""The egress price table the usage page estimates costs with, and the user's override.
+"""The price tables the usage page estimates costs with (egress, and storage per GB-month
+for its net advice), and the user's override of the egress table.
 
 List prices change and contracts differ, so the default table is dated and names its
 sources, and an operator replaces any part of it with a JSON or YAML file named by
@@ -11,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from o41.core.usage import PriceError, Prices, PriceTable, override_prices
+from o41.core.usage import PriceError, Prices, PriceTable, StoragePrices, override_prices
 
 PRICES_ENV = "O41_PRICES_FILE"
 
@@ -41,6 +42,24 @@ DEFAULT_PRICES = PriceTable(
         "https://cloud.google.com/vpc/network-pricing",
         "https://cloud.google.com/storage/pricing#network-pricing",
         "https://azure.microsoft.com/en-us/pricing/details/bandwidth/",
+    ),
+)
+
+# Standard (hot) storage class, first tier, US regions, per GB-month: what the net advice
+# (o41.core.advice) nets a new location's savings against; bench/cost_replay.py prices
+# its traces with the same table.
+STORAGE_PRICES = StoragePrices(
+    as_of="2026-11-29",
+    clouds={
+        "aws": 0.023,  # S3 Standard, first 50 TB/month
+        "gcp": 0.020,  # Cloud Storage Standard, regional (us-central1)
+        "azure": 0.018,  # Blob Storage hot, LRS (East US), first 50 TB/month
+    },
+    default=0.023,
+    sources=(
+        "https://aws.amazon.com/s3/pricing/",
+        "https://cloud.google.com/storage/pricing",
+        "https://azure.microsoft.com/en-us/pricing/details/storage/blobs/",
     ),
 )
 

@@ -10,7 +10,9 @@
   version; every commit of the artifact moves it by compare-and-set, so commits take
   sequence numbers one at a time.
 - ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
-- ``usage/<org>/<hour>/<digest>``: counters, merged by compare-and-swap.
+- ``usage-by-hour/<hour>/<org>/<digest>``, ``usage-by-day/<day>/<org>/<digest>``: counters,
+  merged by compare-and-swap (o41.webhook.usage); ``usage/<org>/<hour>/<digest>``: the
+  layout before, folded into those.
 """
 
 from __future__ import annotations

@@ -17,5 +17,7 @@ class Settings:
     authentication: Literal["tokenreview", "none"] = "tokenreview"
     audiences: list[str] = field(default_factory=list)
     usage_interval: float = 5.0
+    usage_hourly_days: int = 14  # hourly usage counters kept (the chart's usage.retention)
+    usage_daily_days: int = 400  # daily usage counters kept
     store_timeout: float = 5.0
     metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port

@@ -21,6 +21,7 @@ from o41.core.usage import (
     human_bytes,
     money,
 )
+from o41.webhook.prices import STORAGE_PRICES
 
 RULE_COLORS: dict[str, str] = {
     Rule.REGION: "#2e7d32",
@@ -249,6 +250,22 @@ def _prices_table(prices: PriceTable) -> str:
         f"<th>To the internet / another cloud</th></tr></thead><tbody>{rows}</tbody></table>"
         f"<ul class=muted>{sources}</ul>"
         "<p class=muted>Override with a price file (O41_PRICES_FILE): see docs/usage.md.</p>"
+        + _storage_table()
+    )
+
+
+def _storage_table() -> str:
+    """The storage prices the net advice holds a new location's bytes at."""
+    storage = STORAGE_PRICES
+    cells = "".join(
+        f"<tr><td>{escape(name)}</td><td>{price:g}</td></tr>"
+        for name, price in [*sorted(storage.clouds.items()), ("other", storage.default)]
+    )
+    return (
+        f"<p class=muted>Where a new location pays is net of the storage it would hold, "
+        f"per GB-month as of {escape(storage.as_of)} (standard class):</p>"
+        f"<table id=storage-prices><thead><tr><th>Cloud</th><th>Storage</th></tr></thead>"
+        f"<tbody>{cells}</tbody></table>"
     )
 
 

@@ -473,6 +473,7 @@ async def read(
             "location": location.name,
             "locationCloud": location.cloud,
             "locationRegion": location.region,
+            **{"writerCloud": record.cloud, "writerRegion": record.region},
         },
         reads=1,
         bytes=record.size,
