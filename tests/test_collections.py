@@ -235,6 +235,56 @@ def test_lock(client: Client) -> None:
     assert counter["n"] == 40
 
 
+def test_lock_waiters_are_served_in_arrival_order(client: Client, service: ServiceThread) -> None:
+    """Waiters get the lock in the order they arrived (their keys' create revisions), one
+    after the other: a release hands it to the first, not to whoever asks next."""
+    first = client.lock("line", ttl=10)
+    assert first.acquire(timeout=0)
+    order: list[int] = []
+    tokens: list[int] = []
+    threads = []
+    waiters = f"/o41/collections/team-a/{client.compute}/lock/line/w/".encode()
+    for w in range(4):
+
+        def wait(w: int = w) -> None:
+            with client.lock("line", ttl=10, timeout=60) as held:
+                order.append(w)
+                tokens.append(held.token)
+
+        threads.append(threading.Thread(target=wait))
+        threads[-1].start()
+        wait_for(
+            lambda w=w: len(service.run(service.store.range(waiters))) == w + 1,  # type: ignore[misc]
+            10,
+            f"waiter {w} in line",
+            interval=0.01,
+        )
+    first.release()
+    for t in threads:
+        t.join(60)
+    assert order == [0, 1, 2, 3]
+    assert tokens == sorted(tokens) and tokens[0] > 0
+    assert service.run(service.store.range(waiters)) == []
+
+
+def test_a_holder_whose_lease_is_lost_is_told(client: Client, service: ServiceThread) -> None:
+    """The lease goes (etcd lost it, or a keep-alive came too late): the lock object says
+    so, with the fencing token it held, and the next waiter gets a larger one."""
+    lock = client.lock("lost", ttl=3)
+    assert lock.acquire(timeout=0)
+    token = lock.token
+    holder = f"/o41/collections/team-a/{client.compute}/lock/lost/holder".encode()
+    kv = service.run(service.store.get(holder))
+    assert kv is not None and kv.lease
+    service.run(service.store.lease_revoke(kv.lease))
+    wait_for(lambda: lock.lost, 10, "the holder to be told", interval=0.05)
+    print(f"told the lease was lost, token {lock.lost_token}")
+    assert lock.lost_token == token and not lock.held
+    with client.lock("lost", timeout=10) as after:
+        assert after.token > token
+    lock.release()  # says nothing wrong: it was not held any more
+
+
 def test_lock_times_out(client: Client) -> None:
     with (
         client.lock("busy"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import socket
 import threading
@@ -33,6 +34,8 @@ from o41.collections.transport import (
     Unavailable,
     ValueTooLarge,
 )
+
+log = logging.getLogger(__name__)
 
 Consistency = Literal["strong", "eventual"]
 ENV_COMPUTE = "O41_COMPUTE"
@@ -351,6 +354,7 @@ class Lock(_Collection):
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
         self.lost = False
+        self.lost_token: int | None = None  # the fencing token held when the lease was lost
 
     @property
     def token(self) -> int:
@@ -374,10 +378,15 @@ class Lock(_Collection):
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
             answer = self._call(
-                "acquire", owner=owner, ttl=self.ttl, timeout=min(remaining, MAX_WAIT)
+                "acquire",
+                owner=owner,
+                session=self._client.session,
+                ttl=self.ttl,
+                timeout=min(remaining, MAX_WAIT),
             )
             if answer["acquired"]:
                 self._token, self._owner, self.lost = int(answer["token"]), owner, False
+                self.lost_token = None
                 self._stop.clear()
                 self._keeper = threading.Thread(
                     target=self._keep, name=f"o41-lock-{self.name}", daemon=True
@@ -389,17 +398,26 @@ class Lock(_Collection):
 
     def _held(self) -> builtins.dict[str, Any]:
         """What names this holder to the service: no lease id, which stays there."""
-        return {"owner": self._owner, "token": self._token}
+        return {"owner": self._owner, "token": self._token, "session": self._client.session}
 
     def _keep(self) -> None:
-        """Refresh the lease every third of its TTL while held."""
+        """Refresh the lease every third of its TTL while held. When the service says the
+        lease is gone, or no refresh got through for a whole TTL, the lock is lost: said
+        by ``lost`` and ``lost_token`` (the fencing token it held), and logged."""
+        alive = time.monotonic()
         while not self._stop.wait(self.ttl / 3):
             try:
-                if not self._call("keepalive", **self._held())["alive"]:
-                    self.lost = True
-                    return
-            except CollectionError:
-                continue  # a blip: the next refresh may still make it in time
+                if self._call("keepalive", **self._held())["alive"]:
+                    alive = time.monotonic()
+                    continue
+                why = "the service says its lease is gone"
+            except CollectionError as e:
+                if time.monotonic() - alive < self.ttl:
+                    continue  # a blip: the next refresh may still make it in time
+                why = f"no keep-alive got through for {self.ttl} s ({e})"
+            self.lost, self.lost_token = True, self._token
+            log.warning("lock %r lost (token %s): %s", self.name, self._token, why)
+            return
 
     def release(self) -> None:
         if self._token is None:
@@ -439,6 +457,8 @@ class Client:
     def __init__(self, transport: Transport, compute: str = "local") -> None:
         self.transport = transport
         self.compute = check_name("compute", compute)
+        # this client's session: its locks share one etcd lease, granted once
+        self.session = _identity()
 
     @classmethod
     def from_environment(cls) -> Client:
