@@ -136,6 +136,9 @@ def test_counter(client: Client, consistency: Consistency) -> None:
 def test_queue(client: Client, consistency: Consistency) -> None:
     q = client.queue("q", consistency)
     assert q.poll() is None and len(q) == 0
+    with pytest.raises(ValueError, match="does not take None"):
+        q.offer(None)  # poll's None means empty: a None item could not be told from it
+    assert len(q) == 0
     for item in ("a", {"b": 1}, ["c"]):
         q.offer(item)
     wait_for(lambda: len(q) == 3, 30, "the queue to hold three items", interval=0.02)
@@ -156,6 +159,9 @@ def test_queue(client: Client, consistency: Consistency) -> None:
 def test_registry(client: Client, consistency: Consistency) -> None:
     r = client.registry("checkpoints", consistency)
     assert r.list() == [] and r.lookup(1) is None and r.lookup(1, "none") == "none"
+    r.register(9, None)  # registered with None: told from a missing name by the default
+    assert r.lookup(9, "missing") is None and r.lookup(8, "missing") == "missing" and 9 in r
+    assert r.unregister(9) is True
     r.register(2, {"w": [0.5]})
     r.register(1, "one")
     r.register(3, b"three")

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from o41.collections import values
 from o41.collections.buffer import Buffer
 from o41.collections.checks import (
     BadRequest,
@@ -74,6 +75,8 @@ from o41.state import (
 )
 
 log = logging.getLogger(__name__)
+
+NONE = values.dumps(None)  # how clients encode None (o41.collections.values)
 
 MAX_PARTIES = 10_000
 RELEASES_KEPT = 1000  # barrier generations whose released participants stay recorded
@@ -365,6 +368,11 @@ class Engine:
 
     async def _offer(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         value = value_arg(args)
+        if value == NONE:
+            raise BadRequest(
+                "a queue does not take None: a poll answers None for an empty queue, so a "
+                "None item could not be told from no item"
+            )
         if consistency_arg(args) == "eventual":
             self._replica(prefix + b"q/", follow=False).offer(value)
         else:

@@ -152,7 +152,7 @@ def _request_op(op: Op) -> Any:
             request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end, prev_kv=True)
         )
     end = prefix_end(op.key) if op.prefix else b""
-    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end))
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end, limit=op.limit))
 
 
 def _stamp(tls: EtcdTls | None) -> tuple[tuple[int, int, int], ...]:
