@@ -335,10 +335,12 @@ class Barrier(_Collection):
 class Lock(_Collection):
     """A lease on a name across the compute, as a context manager.
 
-    Held while the block runs (the lease is kept alive from a thread), released when it
-    exits; if the holder dies, the lease expires after ``ttl`` seconds and the next waiter
-    gets the lock. ``token`` is a fencing token: each holder gets a larger one than the
-    holders before it, so a resource can refuse writes from a holder that lost the lock.
+    Held while the block runs (the client's session lease is kept alive from one thread
+    per client), released when it exits; if the holder dies, the lease expires after
+    ``ttl`` seconds and the next waiter (in arrival order) gets the lock. If the lease is
+    lost while held, ``lost`` turns true and ``lost_token`` says the token it held.
+    ``token`` is a fencing token: each holder gets a larger one than the holders before
+    it, so a resource can refuse writes from a holder that lost the lock.
     Always strong.
     """
 

@@ -15,8 +15,8 @@ the authenticated caller, never from the request.
   delete (each item goes to exactly one poller).
 - barrier: ``.../parties``, ``.../gen`` (the generation), arrival slots ``.../s/<slot>``
   held by leases, and ``.../r/<generation>`` (who was released).
-- lock: ``.../holder`` with the holder's lease; the key's create revision is the fencing
-  token.
+- lock: ``.../holder`` with the holder's session lease, waiters ``.../w/<owner>`` in
+  arrival order; the holder key's mod revision is the fencing token (o41.collections.locks).
 
 Leases never leave the service: etcd's lease ids are one space for every namespace, so a
 client that could name one could keep alive or revoke another namespace's lock or the
