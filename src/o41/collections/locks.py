@@ -263,7 +263,11 @@ class Locks:
                     if view.broken or waiting is None or waiting.create_revision != mine:
                         break  # read again (and arrive again if the key went)
                     if h is None and view.first() is waiting:
-                        claim = await self._claim(view, holder, me, owner, mine, lease)
+                        try:
+                            claim = await self._claim(view, holder, me, owner, mine, lease)
+                        except LeaseNotFound:  # the session's lease expired: arrive again
+                            self._sessions.pop(session_key, None)
+                            break
                         if claim is not None:
                             held = True
                             return {"acquired": True, "token": claim}
@@ -337,11 +341,16 @@ class Locks:
         view = self._views.get(prefix)
         successor = view.first() if view is not None and not view.broken else None
         if view is not None and successor is not None:
-            result = await self.store.txn(
-                [*mine, Compare(successor.key, "create", "==", successor.create_revision)],
-                [Put(holder, successor.value, lease=successor.lease), Delete(successor.key)],
-                [Get(holder)],
-            )
+            try:
+                result = await self.store.txn(
+                    [*mine, Compare(successor.key, "create", "==", successor.create_revision)],
+                    [Put(holder, successor.value, lease=successor.lease), Delete(successor.key)],
+                    [Get(holder)],
+                )
+            except LeaseNotFound:  # that waiter's session just expired: free it plainly
+                view.delete(successor.key, view.seen.get(successor.key, 0) + 1)
+                successor = None
+        if view is not None and successor is not None:
             if result.succeeded:
                 view.put(KeyValue(holder, successor.value, 0, result.revision, 0, successor.lease))
                 view.delete(successor.key, result.revision)
