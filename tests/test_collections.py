@@ -273,6 +273,48 @@ def test_lock_waiters_are_served_in_arrival_order(client: Client, service: Servi
     assert service.run(service.store.range(waiters)) == []
 
 
+@pytest.mark.etcd
+@pytest.mark.parametrize("through", ["baba", "bbb"])
+def test_lock_waiters_through_two_replicas_keep_arrival_order(
+    state_etcd: EtcdCluster, through: str
+) -> None:
+    """Waiters reaching the lock through two replicas of the service: each replica hands
+    the lock to the first waiter it sees in etcd, its own or the other's; a replica with
+    no waiter of its own frees it, and the first waiter's replica claims it for it."""
+    services = [
+        ServiceThread(lambda: EtcdStore(state_etcd.endpoints, timeout=5)).start() for _ in range(2)
+    ]
+    try:
+        compute = f"job-{uuid.uuid4().hex[:10]}"
+        a, b = (s.client(compute=compute) for s in services)
+        first = a.lock("two", ttl=10)
+        assert first.acquire(timeout=0)
+        waiters = f"/o41/collections/team-a/{compute}/lock/two/w/".encode()
+        order: list[str] = []
+        threads = []
+        for w, via in enumerate(a if c == "a" else b for c in through):
+
+            def wait(name: str = f"{w}", via: Client = via) -> None:
+                with via.lock("two", ttl=10, timeout=60):
+                    order.append(name)
+
+            threads.append(threading.Thread(target=wait))
+            threads[-1].start()
+            wait_for(
+                lambda w=w: len(services[0].run(services[0].store.range(waiters))) == w + 1,  # type: ignore[misc]
+                10,
+                f"waiter {w} in line",
+                interval=0.01,
+            )
+        first.release()
+        for t in threads:
+            t.join(60)
+        assert order == [str(w) for w in range(len(through))]
+    finally:
+        for s in services:
+            s.stop()
+
+
 def test_a_holder_whose_lease_is_lost_is_told(client: Client, service: ServiceThread) -> None:
     """The lease goes (etcd lost it, or a keep-alive came too late): the lock object says
     so, with the fencing token it held, and the next waiter gets a larger one."""
