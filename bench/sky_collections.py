@@ -229,7 +229,32 @@ def counter_add(consistency: str) -> Callable[[Client, int, int], object]:
     return op
 
 
-def measurements(raw: RawEtcd, service: Service, workers: int) -> list[Measure]:
+def lock_cycle(name: str) -> Callable[[Client, int, int], object]:
+    """One acquire and one release of a lock (``with lock: pass``)."""
+
+    def op(c: Client, w: int, i: int) -> None:
+        with c.lock(name, ttl=30, timeout=60):
+            pass
+
+    return op
+
+
+def queue_poll(name: str, fill: int) -> Callable[[Client, int, int], object]:
+    """A strong poll of a queue kept full: the first call of each worker (``i == -1``)
+    offers what that worker will poll, so the timed calls are polls alone."""
+
+    def op(c: Client, w: int, i: int) -> object:
+        q = c.queue(name)
+        if i == -1:
+            for _ in range(fill):
+                q.offer(b"x")
+            return None
+        return q.poll()
+
+    return op
+
+
+def measurements(raw: RawEtcd, service: Service, workers: int, per_round: int) -> list[Measure]:
     """Every measurement, in the order of one round."""
     found: list[Measure] = []
     for n in (1, workers):
@@ -243,6 +268,12 @@ def measurements(raw: RawEtcd, service: Service, workers: int) -> list[Measure]:
             found.append(
                 service.measure(f"counter add {consistency} (one)", n, counter_add(consistency))
             )
+        found += [
+            service.measure("lock acquire+release (one)", n, lock_cycle(f"bench-lock-{n}")),
+            service.measure(
+                "queue poll strong (one)", n, queue_poll(f"bench-queue-{n}", per_round // n + 5)
+            ),
+        ]
     found.append(  # after the eventual ones of the round: their dict is followed
         service.measure("dict set strong, followed", 1, dict_set("strong", "bench-eventual"))
     )
@@ -282,7 +313,7 @@ def main() -> int:
             how = "over TLS with client certificates" if tls else "over plain HTTP/2"
             print(f"etcd: 3 members on {LOOPBACK} {how}, leader {leader}; {os.cpu_count()} CPUs")
             raw = RawEtcd(leader, tls)
-            each = measurements(raw, Service(service.url), args.workers)
+            each = measurements(raw, Service(service.url), args.workers, args.ops // args.rounds)
             rounds = [[m(args.ops // args.rounds) for m in each] for _ in range(args.rounds)]
         finally:
             if raw is not None:
@@ -311,8 +342,27 @@ def main() -> int:
     print()
     print(
         f"round by round: strong set / raw put {spread('dict set strong', 'raw etcd put')}, "
-        f"strong get / raw get {spread('dict get strong', 'raw etcd get')}"
+        f"strong get / raw get {spread('dict get strong', 'raw etcd get')}, "
+        f"lock / raw put {spread('lock acquire+release (one)', 'raw etcd put')}, "
+        f"poll / raw put {spread('queue poll strong (one)', 'raw etcd put')}"
     )
+    lock, poll = "lock acquire+release (one)", "queue poll strong (one)"
+    for k, one in enumerate(by_round, 1):
+        raw_put = one[("raw etcd put", 1)]
+        print(
+            f"round {k}: raw put {raw_put.p50:.3f} ms, get {one[('raw etcd get', 1)].p50:.3f} ms; "
+            + ", ".join(
+                f"{what} {one[(what, 1)].p50 / one[(base, 1)].p50:.2f}x"
+                for what, base in (
+                    ("dict set strong", "raw etcd put"),
+                    ("dict get strong", "raw etcd get"),
+                    ("lock acquire+release (one)", "raw etcd put"),
+                    ("queue poll strong (one)", "raw etcd put"),
+                )
+            )
+            + f"; {args.workers} on one lock {one[(lock, args.workers)].rate / raw_put.rate:.2f}x"
+            + f", {args.workers} pollers {one[(poll, args.workers)].rate / raw_put.rate:.2f}x"
+        )
     checks = [
         ("strong set p50 / raw put p50", ratio("dict set strong", "raw etcd put"), "<= 1.5"),
         ("strong get p50 / raw get p50", ratio("dict get strong", "raw etcd get"), "<= 1.5"),
@@ -329,6 +379,31 @@ def main() -> int:
         (
             f"{args.workers} workers on one counter / raw sequential puts (rate)",
             by[("counter add strong (one)", args.workers)].rate / by[("raw etcd put", 1)].rate,
+            ">= 1.0",
+        ),
+        (
+            "lock acquire+release p50 / raw put p50",
+            ratio("lock acquire+release (one)", "raw etcd put"),
+            "<= 1.5",
+        ),
+        (
+            f"{args.workers} workers on one lock / raw sequential puts (rate)",
+            by[("lock acquire+release (one)", args.workers)].rate / by[("raw etcd put", 1)].rate,
+            ">= 0.6",
+        ),
+        (
+            f"{args.workers} workers on one lock: p99 ms",
+            by[("lock acquire+release (one)", args.workers)].pct(99),
+            "<= 100",
+        ),
+        (
+            "queue poll p50 / raw put p50",
+            ratio("queue poll strong (one)", "raw etcd put"),
+            "<= 1.3",
+        ),
+        (
+            f"{args.workers} pollers of one queue / raw sequential puts (rate)",
+            by[("queue poll strong (one)", args.workers)].rate / by[("raw etcd put", 1)].rate,
             ">= 1.0",
         ),
     ]

@@ -136,6 +136,9 @@ def test_counter(client: Client, consistency: Consistency) -> None:
 def test_queue(client: Client, consistency: Consistency) -> None:
     q = client.queue("q", consistency)
     assert q.poll() is None and len(q) == 0
+    with pytest.raises(ValueError, match="does not take None"):
+        q.offer(None)  # poll's None means empty: a None item could not be told from it
+    assert len(q) == 0
     for item in ("a", {"b": 1}, ["c"]):
         q.offer(item)
     wait_for(lambda: len(q) == 3, 30, "the queue to hold three items", interval=0.02)
@@ -156,6 +159,9 @@ def test_queue(client: Client, consistency: Consistency) -> None:
 def test_registry(client: Client, consistency: Consistency) -> None:
     r = client.registry("checkpoints", consistency)
     assert r.list() == [] and r.lookup(1) is None and r.lookup(1, "none") == "none"
+    r.register(9, None)  # registered with None: told from a missing name by the default
+    assert r.lookup(9, "missing") is None and r.lookup(8, "missing") == "missing" and 9 in r
+    assert r.unregister(9) is True
     r.register(2, {"w": [0.5]})
     r.register(1, "one")
     r.register(3, b"three")
@@ -233,6 +239,98 @@ def test_lock(client: Client) -> None:
 
     run_threads(4, critical)
     assert counter["n"] == 40
+
+
+def test_lock_waiters_are_served_in_arrival_order(client: Client, service: ServiceThread) -> None:
+    """Waiters get the lock in the order they arrived (their keys' create revisions), one
+    after the other: a release hands it to the first, not to whoever asks next."""
+    first = client.lock("line", ttl=10)
+    assert first.acquire(timeout=0)
+    order: list[int] = []
+    tokens: list[int] = []
+    threads = []
+    waiters = f"/o41/collections/team-a/{client.compute}/lock/line/w/".encode()
+    for w in range(4):
+
+        def wait(w: int = w) -> None:
+            with client.lock("line", ttl=10, timeout=60) as held:
+                order.append(w)
+                tokens.append(held.token)
+
+        threads.append(threading.Thread(target=wait))
+        threads[-1].start()
+        wait_for(
+            lambda w=w: len(service.run(service.store.range(waiters))) == w + 1,  # type: ignore[misc]
+            10,
+            f"waiter {w} in line",
+            interval=0.01,
+        )
+    first.release()
+    for t in threads:
+        t.join(60)
+    assert order == [0, 1, 2, 3]
+    assert tokens == sorted(tokens) and tokens[0] > 0
+    assert service.run(service.store.range(waiters)) == []
+
+
+@pytest.mark.etcd
+@pytest.mark.parametrize("through", ["baba", "bbb"])
+def test_lock_waiters_through_two_replicas_keep_arrival_order(
+    state_etcd: EtcdCluster, through: str
+) -> None:
+    """Waiters reaching the lock through two replicas of the service: each replica hands
+    the lock to the first waiter it sees in etcd, its own or the other's; a replica with
+    no waiter of its own frees it, and the first waiter's replica claims it for it."""
+    services = [
+        ServiceThread(lambda: EtcdStore(state_etcd.endpoints, timeout=5)).start() for _ in range(2)
+    ]
+    try:
+        compute = f"job-{uuid.uuid4().hex[:10]}"
+        a, b = (s.client(compute=compute) for s in services)
+        first = a.lock("two", ttl=10)
+        assert first.acquire(timeout=0)
+        waiters = f"/o41/collections/team-a/{compute}/lock/two/w/".encode()
+        order: list[str] = []
+        threads = []
+        for w, via in enumerate(a if c == "a" else b for c in through):
+
+            def wait(name: str = f"{w}", via: Client = via) -> None:
+                with via.lock("two", ttl=10, timeout=60):
+                    order.append(name)
+
+            threads.append(threading.Thread(target=wait))
+            threads[-1].start()
+            wait_for(
+                lambda w=w: len(services[0].run(services[0].store.range(waiters))) == w + 1,  # type: ignore[misc]
+                10,
+                f"waiter {w} in line",
+                interval=0.01,
+            )
+        first.release()
+        for t in threads:
+            t.join(60)
+        assert order == [str(w) for w in range(len(through))]
+    finally:
+        for s in services:
+            s.stop()
+
+
+def test_a_holder_whose_lease_is_lost_is_told(client: Client, service: ServiceThread) -> None:
+    """The lease goes (etcd lost it, or a keep-alive came too late): the lock object says
+    so, with the fencing token it held, and the next waiter gets a larger one."""
+    lock = client.lock("lost", ttl=3)
+    assert lock.acquire(timeout=0)
+    token = lock.token
+    holder = f"/o41/collections/team-a/{client.compute}/lock/lost/holder".encode()
+    kv = service.run(service.store.get(holder))
+    assert kv is not None and kv.lease
+    service.run(service.store.lease_revoke(kv.lease))
+    wait_for(lambda: lock.lost, 10, "the holder to be told", interval=0.05)
+    print(f"told the lease was lost, token {lock.lost_token}")
+    assert lock.lost_token == token and not lock.held
+    with client.lock("lost", timeout=10) as after:
+        assert after.token > token
+    lock.release()  # says nothing wrong: it was not held any more
 
 
 def test_lock_times_out(client: Client) -> None:

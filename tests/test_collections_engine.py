@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from o41.collections import values as encoding
 from o41.collections.checks import BadRequest, Busy, collection_prefix
 from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
@@ -376,4 +377,19 @@ async def test_no_lease_id_leaves_the_service_and_none_is_left_behind() -> None:
     # q's is revoked; p was released between its requests, so its slot's lease (holding
     # nothing now) expires with its 15 s TTL
     assert list(store._leases) == [slot.lease] and not store._leases[slot.lease].keys
+    await engine.close()
+
+
+async def test_a_queue_refuses_none_from_any_client() -> None:
+    """A None item could not be told from an empty queue's poll: the service refuses the
+    encoded None (a client of any language sending it), not only the Python client."""
+    engine = Engine(MemoryStore())
+    for consistency in ("strong", "eventual"):
+        with pytest.raises(BadRequest, match="does not take None"):
+            await call(
+                engine, "queue", "q", "offer", value=encoding.dumps(None), consistency=consistency
+            )
+    assert (await call(engine, "queue", "q", "poll")) == {"found": False, "value": None}
+    await call(engine, "queue", "q", "offer", value=encoding.dumps(0))
+    assert (await call(engine, "queue", "q", "poll"))["value"] == encoding.dumps(0)
     await engine.close()

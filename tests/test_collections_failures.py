@@ -7,10 +7,12 @@ thread, or as a process of its own when the service itself is killed.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,116 @@ def test_eventual_loss_window_is_what_a_killed_replica_buffered(
         assert dict(third.client().dict("clean").items()) == {i: i for i in range(20)}
     finally:
         third.stop()
+
+
+def test_a_killed_leader_stalls_strong_writes_briefly(
+    etcd_cluster: EtcdCluster, service: ServiceThread
+) -> None:
+    """etcd elects a new leader in about half a second: strong writes stall about that
+    long plus one attempt (a member that does not answer in time is left for the next),
+    not the store's timeout. Nothing acknowledged is lost, and every failed write says
+    whether it may have been applied. Prints the times (no timing assertion: a shared
+    machine)."""
+    client = service.client(compute="job-1")
+    d = client.dict("stall")
+    acked: dict[str, int] = {}
+    answered: list[float] = []  # when each write was acknowledged
+    failures: list[tuple[float, str]] = []
+    stop = threading.Event()
+    killed = [0.0]
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                d[f"k{i}"] = i
+                acked[f"k{i}"] = i
+                answered.append(time.monotonic())
+            except Unavailable as e:
+                failures.append((time.monotonic() - started, str(e)))
+            i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        wait_for(lambda: len(answered) >= 50, 30, "writes before the kill", interval=0.02)
+        etcd_cluster.kill(etcd_cluster.leader())
+        killed[0] = time.monotonic()
+        before = len(answered)
+        wait_for(lambda: len(answered) >= before + 200, 60, "writes after the kill", interval=0.02)
+    finally:
+        stop.set()
+        thread.join(60)
+    around = [t for t in answered if t >= killed[0] - 5]
+    stall = max(b - a for a, b in itertools.pairwise(around))
+    first_after = min(t for t in answered if t > killed[0]) - killed[0]
+    print(
+        f"leader killed: longest stall of strong writes {stall:.3f} s, first write after "
+        f"the kill {first_after:.3f} s later; {len(failures)} failed writes "
+        f"(each after {', '.join(f'{f:.3f}' for f, _ in failures) or '-'} s)"
+    )
+    for _, message in failures:
+        print("  failed:", message)
+        assert "may or may not have been applied" in message or "not applied" in message
+    stored = dict(d.items())
+    assert all(stored.get(k) == v for k, v in acked.items())  # 0 acknowledged writes lost
+
+
+def test_without_majority_strong_calls_fail_fast_until_it_returns(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    """2 of 3 members down: the first strong call fails after the store's timeout, the
+    next ones at once, with the same error, until a probe sees a majority again; then
+    answers resume. Prints the times (no timing assertion)."""
+    service = ServiceProcess(
+        etcd_cluster.endpoints, tmp_path / "service.log", "--store-timeout", "2"
+    ).start()
+    try:
+        d = service.client().dict("fast")
+        d["before"] = 1
+        survivor = etcd_cluster.leader()
+        dead = [i for i in range(3) if i != survivor]
+        for i in dead:
+            etcd_cluster.kill(i)
+
+        def timed(call: Callable[[], object]) -> tuple[float, str]:
+            started = time.monotonic()
+            try:
+                call()
+            except Unavailable as e:
+                return time.monotonic() - started, str(e)
+            return time.monotonic() - started, ""
+
+        first = timed(lambda: d.__setitem__("during", 2))
+        assert first[1], "a write without a majority must fail"
+        later = [timed(lambda: d.__setitem__("during", 2)) for _ in range(10)]
+        later += [timed(lambda: d.get("before")) for _ in range(10)]
+        print(
+            f"without a majority: the first strong call failed after {first[0]:.3f} s; the "
+            f"next 20 after at most {max(t for t, _ in later):.3f} s "
+            f"(median {sorted(t for t, _ in later)[10]:.3f} s)"
+        )
+        print("  the error:", later[0][1])
+        assert all(message for _, message in later)  # every one failed, none hung
+        assert "majority" in later[0][1]
+        assert {m.replace("; it was not applied", "") for _, m in later} == {
+            later[-1][1]
+        }  # the same error, a write's saying it was not applied
+
+        restarting = time.monotonic()
+        etcd_cluster.restart(dead[0])  # returns once the member is healthy: a majority
+        back = time.monotonic()
+        while True:
+            _t, message = timed(lambda: d.__setitem__("after", 4))
+            if not message:
+                break
+            assert time.monotonic() - back < 60, message
+            time.sleep(0.01)
+        print(
+            f"the majority returned {back - restarting:.3f} s after the restart began; "
+            f"strong writes answered again {time.monotonic() - back:.3f} s after that"
+        )
+        assert d["before"] == 1 and d["after"] == 4
+    finally:
+        service.stop()

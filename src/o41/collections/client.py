@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import socket
 import threading
@@ -32,6 +33,13 @@ from o41.collections.transport import (
     Transport,
     Unavailable,
     ValueTooLarge,
+)
+
+log = logging.getLogger(__name__)
+
+NO_NONE = (
+    "a queue does not take None: poll() answers None for an empty queue, so a None item "
+    'could not be told from no item; offer a value of its own (a sentinel such as "" or 0)'
 )
 
 Consistency = Literal["strong", "eventual"]
@@ -232,7 +240,10 @@ class Queue(_Collection):
     kind = "queue"
 
     def offer(self, item: Any) -> None:
-        """Append ``item``; never blocks (the queue is unbounded)."""
+        """Append ``item``; never blocks (the queue is unbounded). ``None`` is refused
+        (``ValueError``): ``poll`` answers ``None`` for an empty queue."""
+        if item is None:
+            raise ValueError(NO_NONE)
         self._call("offer", value=values.dumps(item))
 
     def poll(self) -> Any:
@@ -324,10 +335,12 @@ class Barrier(_Collection):
 class Lock(_Collection):
     """A lease on a name across the compute, as a context manager.
 
-    Held while the block runs (the lease is kept alive from a thread), released when it
-    exits; if the holder dies, the lease expires after ``ttl`` seconds and the next waiter
-    gets the lock. ``token`` is a fencing token: each holder gets a larger one than the
-    holders before it, so a resource can refuse writes from a holder that lost the lock.
+    Held while the block runs (the client's session lease is kept alive from one thread
+    per client), released when it exits; if the holder dies, the lease expires after
+    ``ttl`` seconds and the next waiter (in arrival order) gets the lock. If the lease is
+    lost while held, ``lost`` turns true and ``lost_token`` says the token it held.
+    ``token`` is a fencing token: each holder gets a larger one than the holders before
+    it, so a resource can refuse writes from a holder that lost the lock.
     Always strong.
     """
 
@@ -348,9 +361,9 @@ class Lock(_Collection):
         self.timeout = timeout
         self._token: int | None = None
         self._owner = ""  # this acquisition's id: the service finds the lease through it
-        self._stop = threading.Event()
-        self._keeper: threading.Thread | None = None
         self.lost = False
+        self.lost_token: int | None = None  # the fencing token held when the lease was lost
+        self._alive = 0.0  # when a keep-alive last got through
 
     @property
     def token(self) -> int:
@@ -374,39 +387,46 @@ class Lock(_Collection):
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
             answer = self._call(
-                "acquire", owner=owner, ttl=self.ttl, timeout=min(remaining, MAX_WAIT)
+                "acquire",
+                owner=owner,
+                session=self._client.session,
+                ttl=self.ttl,
+                timeout=min(remaining, MAX_WAIT),
             )
             if answer["acquired"]:
                 self._token, self._owner, self.lost = int(answer["token"]), owner, False
-                self._stop.clear()
-                self._keeper = threading.Thread(
-                    target=self._keep, name=f"o41-lock-{self.name}", daemon=True
-                )
-                self._keeper.start()
+                self.lost_token = None
+                self._client.keeper.hold(self)
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False  # else the service waited its longest: ask again
 
     def _held(self) -> builtins.dict[str, Any]:
         """What names this holder to the service: no lease id, which stays there."""
-        return {"owner": self._owner, "token": self._token}
+        return {"owner": self._owner, "token": self._token, "session": self._client.session}
 
-    def _keep(self) -> None:
-        """Refresh the lease every third of its TTL while held."""
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                if not self._call("keepalive", **self._held())["alive"]:
-                    self.lost = True
-                    return
-            except CollectionError:
-                continue  # a blip: the next refresh may still make it in time
+    def _refresh(self) -> bool:
+        """One keep-alive (from the client's keeper thread): whether to go on."""
+        try:
+            if self._call("keepalive", **self._held())["alive"]:
+                self._alive = time.monotonic()
+                return True
+            why = "the service says its lease is gone"
+        except CollectionError as e:
+            if time.monotonic() - self._alive < self.ttl:
+                return True  # a blip: the next refresh may still make it in time
+            why = f"no keep-alive got through for {self.ttl} s ({e})"
+        self._lost(why)
+        return False
+
+    def _lost(self, why: str) -> None:
+        self.lost, self.lost_token = True, self._token
+        log.warning("lock %r lost (token %s): %s", self.name, self._token, why)
 
     def release(self) -> None:
         if self._token is None:
             raise RuntimeError(f"lock {self.name!r} is not held")
-        self._stop.set()
-        if self._keeper is not None:
-            self._keeper.join()
+        self._client.keeper.drop(self)
         held = self._held()
         self._token, self._owner = None, ""
         self._call("release", **held)
@@ -428,6 +448,48 @@ class Lock(_Collection):
         return f"sky.lock({self.name!r}, ttl={self.ttl}, timeout={self.timeout})"
 
 
+class _Keeper:
+    """One thread per client refreshes every lock it holds, each every third of its TTL
+    (no thread started per acquisition). When the service says a lease is gone, or no
+    refresh got through for a whole TTL, that lock is lost: said by its ``lost`` and
+    ``lost_token`` (the fencing token it held), and logged."""
+
+    def __init__(self) -> None:
+        self._due: builtins.dict[Lock, float] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, lock: Lock) -> None:
+        with self._changed:
+            lock._alive = time.monotonic()
+            self._due[lock] = lock._alive + lock.ttl / 3
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="o41-locks", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def drop(self, lock: Lock) -> None:
+        with self._changed:
+            self._due.pop(lock, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [lock for lock, at in self._due.items() if at <= now]
+                if not due:
+                    wait = min(self._due.values(), default=now + 60) - now
+                    self._changed.wait(max(0.01, wait))
+                    continue
+                for lock in due:
+                    self._due[lock] = now + lock.ttl / 3
+            for lock in due:
+                if lock not in self._due:
+                    continue  # released meanwhile
+                if not lock._refresh():
+                    self.drop(lock)
+
+
 def _identity() -> str:
     """Unique per call, readable in etcd: host, process and a random part."""
     return f"{socket.gethostname()[:60]}/{os.getpid()}/{uuid.uuid4().hex}"
@@ -439,6 +501,9 @@ class Client:
     def __init__(self, transport: Transport, compute: str = "local") -> None:
         self.transport = transport
         self.compute = check_name("compute", compute)
+        # this client's session: its locks share one etcd lease, granted once
+        self.session = _identity()
+        self.keeper = _Keeper()
 
     @classmethod
     def from_environment(cls) -> Client:

@@ -125,6 +125,7 @@ class StrongQueue:
         self.known: tuple[int, int] = (0, 0)  # last sequence number, mod revision of seq
         self.offers: Combiner[bytes, None] = Combiner(self.offer_batch, MAX_TXN_OPS - 1)
         self.polls: Combiner[None, bytes | None] = Combiner(self._poll, MAX_TXN_OPS)
+        self.head = 0  # where this replica expects the head item (0: not known)
 
     async def offer_batch(self, values: list[bytes]) -> list[None]:
         for _ in range(100):
@@ -146,21 +147,58 @@ class StrongQueue:
         self.known = (counter_value(kv), kv.mod_revision if kv else 0)
 
     async def _poll(self, polls: list[None]) -> list[bytes | None]:
-        """Claim up to ``len(polls)`` head items at once. A poller gets ``None`` only when a
-        linearizable read found the queue empty (then it was empty at that instant)."""
+        """Claim up to ``len(polls)`` head items at once, in one transaction when the head
+        is where this replica expects it (the item after the last it claimed, or the first
+        a failed claim read): guarded on those keys existing, it deletes them and answers
+        their values; else it reads the head instead (its failure branch) and the next
+        transaction claims what it read. A poller gets ``None`` only when a linearizable
+        read found the queue empty (then it was empty at that instant)."""
         got: list[bytes | None] = []
         conflicts = 0
         while len(got) < len(polls):
             want = len(polls) - len(got) if conflicts < 3 else 1
-            heads = await self.store.range(self.items, limit=want)
+            span = self.known[0] - self.head + 1  # items this replica knows were offered
+            if self.head and span >= 1:
+                want = min(want, span)
+            if self.head:
+                keys = [self.items + b"%020d" % (self.head + i) for i in range(want)]
+                claim = await self.store.txn(
+                    [Compare(k, "version", ">", 0) for k in keys],
+                    [Delete(k) for k in keys],
+                    [Get(self.items, prefix=True, limit=want)],
+                )
+                if claim.succeeded:
+                    got += [found[0].value for found in claim.results]
+                    self.head += want
+                    continue
+                heads = claim.results[0]
+                conflicts += 1
+            else:
+                heads = tuple(await self.store.range(self.items, limit=want))
             if not heads:
                 break
-            claim = await self.store.txn(
-                [Compare(kv.key, "mod", "==", kv.mod_revision) for kv in heads],
-                [Delete(kv.key) for kv in heads],
+            first = _sequence(heads[0].key)
+            contiguous = 1
+            while (
+                contiguous < len(heads) and _sequence(heads[contiguous].key) == first + contiguous
+            ):
+                contiguous += 1
+            if not self.head or first != self.head:
+                self.head = first  # look there next time (one round trip again)
+                continue
+            # the expected head is there but the items after it are not all there: claim
+            # what was read, each guarded on its mod revision
+            found = heads[:contiguous]
+            taken = await self.store.txn(
+                [Compare(kv.key, "mod", "==", kv.mod_revision) for kv in found],
+                [Delete(kv.key) for kv in found],
             )
-            if claim.succeeded:
-                got += [kv.value for kv in heads]
-            else:
-                conflicts += 1  # another replica claimed one of them: look again
+            if taken.succeeded:
+                got += [kv.value for kv in found]
+                self.head = first + len(found)
         return got + [None] * (len(polls) - len(got))
+
+
+def _sequence(key: bytes) -> int:
+    """The sequence number of a queue item's key (``.../q/<20 digits>``)."""
+    return int(key[-20:])

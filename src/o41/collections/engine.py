@@ -15,8 +15,8 @@ the authenticated caller, never from the request.
   delete (each item goes to exactly one poller).
 - barrier: ``.../parties``, ``.../gen`` (the generation), arrival slots ``.../s/<slot>``
   held by leases, and ``.../r/<generation>`` (who was released).
-- lock: ``.../holder`` with the holder's lease; the key's create revision is the fencing
-  token.
+- lock: ``.../holder`` with the holder's session lease, waiters ``.../w/<owner>`` in
+  arrival order; the holder key's mod revision is the fencing token (o41.collections.locks).
 
 Leases never leave the service: etcd's lease ids are one space for every namespace, so a
 client that could name one could keep alive or revoke another namespace's lock or the
@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from o41.collections import values
 from o41.collections.buffer import Buffer
 from o41.collections.checks import (
     BadRequest,
@@ -59,6 +60,7 @@ from o41.collections.checks import (
     value_arg,
 )
 from o41.collections.combining import MAX_TXN_OPS, Combiner, StrongCounter, StrongQueue
+from o41.collections.locks import Locks
 from o41.collections.replica import Buffered, Changes, CounterPending, Replica
 from o41.state import (
     Compare,
@@ -73,6 +75,8 @@ from o41.state import (
 )
 
 log = logging.getLogger(__name__)
+
+NONE = values.dumps(None)  # how clients encode None (o41.collections.values)
 
 MAX_PARTIES = 10_000
 RELEASES_KEPT = 1000  # barrier generations whose released participants stay recorded
@@ -119,6 +123,7 @@ class Engine:
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
+        self.locks = Locks(store, max_wait)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
@@ -363,6 +368,11 @@ class Engine:
 
     async def _offer(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         value = value_arg(args)
+        if value == NONE:
+            raise BadRequest(
+                "a queue does not take None: a poll answers None for an empty queue, so a "
+                "None item could not be told from no item"
+            )
         if consistency_arg(args) == "eventual":
             self._replica(prefix + b"q/", follow=False).offer(value)
         else:
@@ -532,83 +542,19 @@ class Engine:
         )
         return result.succeeded
 
-    # lock
+    # lock (o41.collections.locks)
 
     async def _lock_acquire(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        """Take the lock for ``owner`` with a lease of ``ttl`` seconds, waiting up to
-        ``timeout`` (at most ``max_wait``). Retrying with the same owner is safe. The lease
-        stays in the service: the holder is named by ``owner`` and the fencing token, and
-        a request that did not take the lock revokes the lease it granted before it answers.
-        """
         no_lease(args)
-        owner = id_arg(args, "owner").encode()
-        ttl = int_arg(args, "ttl", 30, lo=1, hi=3600)
-        wait = float_arg(args, "timeout", self.max_wait)
-        deadline = time.monotonic() + min(wait, self.max_wait)
-        holder = prefix + b"holder"
-        changes: Changes | None = None
-        lease = 0  # granted by this request; the holder's once the lock is taken
-        refreshed = time.monotonic()
-        try:
-            while True:
-                if not lease:
-                    lease = await self.store.lease_grant(ttl)
-                    refreshed = time.monotonic()
-                try:
-                    result = await self.store.txn(
-                        [Compare(holder, "version", "==", 0)],
-                        [Put(holder, owner, lease=lease)],
-                        [Get(holder)],
-                    )
-                except LeaseNotFound:
-                    lease = 0
-                    continue
-                if result.succeeded:
-                    lease = 0  # it holds the lock now: not this request's to revoke
-                    return {"acquired": True, "token": result.revision}
-                current = result.results[0][0]
-                if current.value == owner:  # a retried request: it is ours already
-                    return {"acquired": True, "token": current.create_revision}
-                if changes is None:
-                    changes = Changes(self.store, holder, result.revision + 1)
-                now = time.monotonic()
-                if now >= deadline:
-                    return {"acquired": False}
-                if now - refreshed > ttl / 3:
-                    await self.store.lease_keepalive(lease)
-                    refreshed = now
-                await changes.wait(min(deadline - now, ttl / 3))
-        finally:
-            if changes is not None:
-                await changes.close()
-            await self._drop(lease)
-
-    def _held(self, prefix: bytes, args: dict[str, Any]) -> tuple[bytes, bytes, int]:
-        """The holder key, ``owner`` and the fencing token a keep-alive or release names."""
-        no_lease(args)
-        return prefix + b"holder", id_arg(args, "owner").encode(), int_arg(args, "token", lo=1)
+        return await self.locks.acquire(prefix, _compute_base(prefix), args)
 
     async def _lock_keepalive(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        """Refresh the holder's lease, found through the holder key, if ``owner`` with this
-        token still holds the lock."""
-        holder, owner, token = self._held(prefix, args)
-        current = await self.store.get(holder)
-        if current is None or current.value != owner or current.create_revision != token:
-            return {"alive": False, "ttl": 0}
-        ttl = await self.store.lease_keepalive(current.lease) if current.lease else 0
-        return {"alive": ttl > 0, "ttl": ttl}
+        no_lease(args)
+        return await self.locks.keepalive(prefix, args)
 
     async def _lock_release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
-        """Free the lock if ``owner`` with this token holds it (one guarded delete), then
-        revoke the lease that held it; whether it was still held."""
-        holder, owner, token = self._held(prefix, args)
-        result = await self.store.txn(
-            [Compare(holder, "value", "==", owner), Compare(holder, "create", "==", token)],
-            [Delete(holder)],
-        )
-        if result.succeeded:
-            await self._drop(*(kv.lease for kv in result.results[0]))
-        return {"released": result.succeeded}
+        no_lease(args)
+        return await self.locks.release(prefix, args)
 
     # the eventual writes: buffered, then written in batches
 
@@ -767,6 +713,7 @@ class Engine:
             self.stats.lost_on_close = self.buffered
             log.exception("%d eventual writes not written at shutdown", self.buffered)
         self._closed = True
+        self.locks.close()
         for replica in self._replicas.values():
             if replica.task is not None:
                 replica.task.cancel()
@@ -783,6 +730,11 @@ def no_lease(args: dict[str, Any]) -> None:
             "its owner and token, a barrier's arrival by its participant: upgrade the o41 "
             "client in this image"
         )
+
+
+def _compute_base(prefix: bytes) -> bytes:
+    """``.../<namespace>/<compute>/`` of a collection's ``.../<kind>/<name>/``."""
+    return prefix[: prefix.rstrip(b"/").rsplit(b"/", 2)[0].__len__() + 1]
 
 
 def _released(prefix: bytes, generation: int) -> bytes:

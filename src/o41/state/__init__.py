@@ -54,6 +54,7 @@ class Delete:
 class Get:
     key: bytes
     prefix: bool = False
+    limit: int = 0  # with ``prefix``: at most this many keys, the first in key order (0: all)
 
 
 Op = Put | Delete | Get

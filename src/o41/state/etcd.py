@@ -78,6 +78,13 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
 LEADER_CHECK = 10.0  # seconds between looks for the leader while all is well
+ATTEMPT = 1.0  # seconds one member is given to answer a call (then the next, if safe)
+PROBE_EVERY = 0.1  # seconds between probes for a majority while etcd has none
+ELECTION = 1.0  # seconds a probe allows for an election before it says "no majority"
+# a member without a leader refuses at once ("no leader") instead of holding the call
+_HAS_LEADER = (("hasleader", "true"),)
+_NOT_APPLIED = "; it was not applied"
+_MAYBE_APPLIED = "; the write may or may not have been applied"
 RELOAD_CHECK = 10.0  # seconds between looks at the TLS files (a renewed certificate)
 TLS_SETTINGS = "O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE"
 
@@ -152,7 +159,7 @@ def _request_op(op: Op) -> Any:
             request_delete_range=rpc.DeleteRangeRequest(key=op.key, range_end=end, prev_kv=True)
         )
     end = prefix_end(op.key) if op.prefix else b""
-    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end))
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=op.key, range_end=end, limit=op.limit))
 
 
 def _stamp(tls: EtcdTls | None) -> tuple[tuple[int, int, int], ...]:
@@ -213,6 +220,10 @@ class EtcdStore:
         self._nearest = 0  # serializable reads: the first endpoint listed (list it nearest)
         self._checked = 0.0  # when the leader was last looked for
         self._checking: asyncio.Task[None] | None = None
+        self._attempt = min(ATTEMPT, timeout)
+        self._no_majority: str | None = None  # the error every strong call gets meanwhile
+        self._probing: asyncio.Task[None] | None = None
+        self._verdict: asyncio.Event | None = None  # set once the probe's first round ended
         self._closed = False
 
     # plumbing
@@ -281,23 +292,42 @@ class EtcdStore:
         nearest: bool = False,
     ) -> Any:
         """One unary call, moved on to the next member while the failure allows it.
-        ``nearest``: a serializable read, which any member answers alone."""
+        ``nearest``: a serializable read, which any member answers alone.
+
+        Each member is given :data:`ATTEMPT` seconds; a read that timed out moves on to
+        the next member (safe to repeat), a write fails then (it may have been applied:
+        said in the error). When etcd did not answer in time, strong calls fail at once
+        with that same error (:meth:`_lost_majority`) until a probe sees a majority."""
         if self._closed:
             raise StoreUnavailable("the etcd store is closed")
+        if not nearest:
+            await self._wait_for_verdict()
+        failing = None if nearest else self._no_majority
+        if failing is not None:
+            await asyncio.sleep(0)  # a caller retrying in a loop still lets the probe run
+            raise StoreUnavailable(failing + (_NOT_APPLIED if write else ""))
         self._maybe_check_leader()
-        deadline = time.monotonic() + self._timeout
+        started = time.monotonic()
+        deadline = started + self._timeout
         index = self._nearest if nearest else self._current
         tried = 0
         last = ""  # the last member's refusal, said when the time is up
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise StoreUnavailable(
+                message = (
                     f"etcd did not answer {what} within {self._timeout:g} s "
                     f"(members {', '.join(self._targets)}){last}"
                 )
+                if not nearest:
+                    self._lost_majority(message)
+                    await self._wait_for_verdict()
+                raise StoreUnavailable(message + (_NOT_APPLIED if write else ""))
+            attempt = min(remaining, self._attempt)
             try:
-                return await getattr(self._stub(index, service), method)(request, timeout=remaining)
+                return await getattr(self._stub(index, service), method)(
+                    request, timeout=attempt, metadata=() if nearest else _HAS_LEADER
+                )
             except grpc.aio.AioRpcError as e:
                 code, details = e.code(), e.details() or ""
                 if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
@@ -305,32 +335,101 @@ class EtcdStore:
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise ValueError(f"etcd refused {what}: {details}") from None
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise StoreUnavailable(
-                        f"etcd did not answer {what} within {self._timeout:g} s ({details}); "
+                    last = f"; {self._targets[index]} did not answer within {attempt:g} s"
+                    if not write and deadline - time.monotonic() > 0:
+                        tried += 1
+                        index = self._next(index, nearest)
+                        continue  # a read is safe to repeat on another member
+                    message = (
+                        f"etcd did not answer {what} within {attempt:g} s ({details}); "
                         "has it lost its majority?"
-                    ) from None
+                    )
+                    if not nearest:
+                        self._lost_majority(message)
+                        await self._wait_for_verdict()
+                    raise StoreUnavailable(message + (_MAYBE_APPLIED if write else "")) from None
                 retry = code == grpc.StatusCode.UNAVAILABLE and (
                     not write or any(s in details.lower() for s in _NOT_SENT)
                 )
                 if not retry:
                     raise StoreUnavailable(
                         f"etcd failed {what}: {code.name} {details}"
-                        + ("; the write may or may not have been applied" if write else "")
+                        + (_MAYBE_APPLIED if write else "")
                     ) from None
                 tried += 1
                 last = f"; the last refusal: {details}"
                 if self._credentials is not None and "failed to connect" in details.lower():
                     last += f"; over TLS: check {TLS_SETTINGS}"  # a handshake fails here
-                index = (index + 1) % len(self._targets)
-                if nearest:
-                    self._nearest = index
-                else:
-                    self._current = index
-                    self._checked = 0.0  # look for the leader again
+                index = self._next(index, nearest)
                 if tried % len(self._targets) == 0:  # every member refused: breathe
                     await asyncio.sleep(min(0.05 * tried, 0.5, max(0.0, remaining)))
             except grpc.aio.UsageError as e:
                 raise StoreUnavailable(f"etcd store: {e}") from None
+
+    def _next(self, index: int, nearest: bool) -> int:
+        """The member after ``index``, for the calls that follow too."""
+        index = (index + 1) % len(self._targets)
+        if nearest:
+            self._nearest = index
+        else:
+            self._current = index
+            self._checked = 0.0  # look for the leader again
+        return index
+
+    def _lost_majority(self, message: str) -> None:
+        """etcd did not answer a strong call in time: probe for a majority (one
+        linearizable read of each member in turn). Calls wait for the probe's first round;
+        if no member answered it, strong calls fail at once with one error until a later
+        probe gets an answer (every :data:`PROBE_EVERY` seconds)."""
+        if self._probing is not None and not self._probing.done():
+            return
+        self._verdict = asyncio.Event()
+        self._probing = asyncio.get_running_loop().create_task(self._probe(message))
+
+    async def _wait_for_verdict(self) -> None:
+        """While a probe looks for a majority (at most :data:`ELECTION` and a round), wait
+        for what it finds: calls then fail at once, or go on."""
+        if self._verdict is not None and not self._verdict.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._verdict.wait(), self._timeout)
+
+    async def _probe(self, message: str) -> None:
+        assert self._verdict is not None
+        request = rpc.RangeRequest(key=b"\0o41-probe")
+        index = self._current
+        started = time.monotonic()
+        try:
+            while not self._closed:
+                for _ in range(len(self._targets)):
+                    try:
+                        await self._stub(index, "KV").Range(
+                            request, timeout=self._attempt, metadata=_HAS_LEADER
+                        )
+                    except grpc.aio.AioRpcError:
+                        index = (index + 1) % len(self._targets)
+                        continue
+                    if self._no_majority is not None:
+                        log.info("etcd answers again: strong calls go on")
+                    self._no_majority = None
+                    self._current, self._checked = index, 0.0
+                    return
+                if time.monotonic() - started < ELECTION:
+                    await asyncio.sleep(PROBE_EVERY)  # perhaps an election: look again
+                    continue
+                if self._no_majority is None:
+                    since = time.strftime("%H:%M:%S", time.gmtime())
+                    self._no_majority = (
+                        f"etcd did not answer with a majority since {since} UTC (members "
+                        f"{', '.join(self._targets)}): strong calls fail at once until it "
+                        "does again"
+                    )
+                    log.warning("%s: %s", self._no_majority, message)
+                self._verdict.set()
+                await asyncio.sleep(PROBE_EVERY)
+        except grpc.aio.UsageError:
+            return  # the store closed
+        finally:
+            self._verdict.set()
 
     def _maybe_check_leader(self) -> None:
         if len(self._targets) == 1 or time.monotonic() - self._checked < LEADER_CHECK:
@@ -447,6 +546,10 @@ class EtcdStore:
         """Refresh ``lease``; its TTL in seconds, 0 when it has already expired."""
         if self._closed:
             raise StoreUnavailable("the etcd store is closed")
+        failing = self._no_majority
+        if failing is not None:
+            await asyncio.sleep(0)
+            raise StoreUnavailable(failing)
         deadline = time.monotonic() + self._timeout
         index = self._current
         for tried in range(1, 1000):
@@ -454,7 +557,7 @@ class EtcdStore:
             if remaining <= 0:
                 break
             call = self._stub(index, "Lease").LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=remaining
+                iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=remaining, metadata=_HAS_LEADER
             )
             try:
                 answer = await call.read()
@@ -555,8 +658,9 @@ class EtcdStore:
 
     async def close(self) -> None:
         self._closed = True
-        if self._checking is not None:
-            self._checking.cancel()
+        for task in (self._checking, self._probing):
+            if task is not None:
+                task.cancel()
         for i, channel in enumerate(self._channels):
             if channel is not None:
                 await channel.close()

@@ -123,7 +123,7 @@ class MemoryStore:
         results: list[tuple[KeyValue, ...]] = []
         for op in ops:
             if isinstance(op, Get):
-                results.append(tuple(self._range(op.key, op.prefix)))
+                results.append(tuple(self._range(op.key, op.prefix, op.limit)))
             elif isinstance(op, Put):
                 self._put(op.key, op.value, op.lease)
                 results.append(())

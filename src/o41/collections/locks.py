@@ -1,0 +1,375 @@
+"""Locks: one lease per client session, waiters in arrival order, a hand-over in one write.
+
+Keys under a lock's prefix ``L``:
+
+- ``L/holder``: the holder's owner id, with its session's lease. The fencing token is the
+  key's mod revision: every acquisition and every hand-over writes it, so each holder
+  gets a larger token than the holders before it.
+- ``L/w/<owner>``: a waiter, with its session's lease, ordered by create revision (the
+  order of arrival; a retried request keeps its place: a put keeps the create revision).
+
+A session is the client's (``session``, a random id per client): its lease is granted once
+(``<compute prefix>session/<session>/<ttl>``, a key under the caller's own namespace and
+compute holds it, so a lease is only ever found through the caller's own keys) and kept
+alive by the holder's keep-alives and by the service while a waiter of it waits. When the
+client dies, its session lease expires after ``ttl`` and its holder and waiter keys go.
+A request without a session (a client from before) gets a lease of its own, revoked when
+it holds nothing any more, as before.
+
+The recipe (etcd's concurrency mutex, with the hand-over done by the releaser): an
+acquire is one transaction, the holder key if it is free, else a waiter key (and a read
+of the holder and the waiters). A release is one transaction that, when this replica
+knows the first waiter, hands the lock over to it (the holder key rewritten with that
+waiter's owner and lease, its waiter key deleted), guarded on the holder and on that
+waiter's key; otherwise it deletes the holder key, and the first waiter (by create
+revision) claims it when its replica's watch sees the deletion. Each replica keeps one
+watch per lock it has waiters on, and wakes only the waiter concerned: the one handed the
+lock, or the first when the holder key went (its lease expired).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from o41.collections.checks import float_arg, id_arg, int_arg
+from o41.state import (
+    Compare,
+    Delete,
+    Get,
+    KeyValue,
+    LeaseNotFound,
+    Put,
+    Store,
+    StoreUnavailable,
+    WatchEvent,
+)
+
+log = logging.getLogger(__name__)
+
+
+class View:
+    """This replica's copy of one lock's holder and waiters, fed by a watch while it has
+    waiters here; per key the newest revision wins (events, snapshots and this replica's
+    own transactions may arrive in any order)."""
+
+    def __init__(self, store: Store, prefix: bytes) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.holder_key = prefix + b"holder"
+        self.waiting = prefix + b"w/"
+        self.holder: KeyValue | None = None
+        self.waiters: dict[bytes, KeyValue] = {}
+        self.seen: dict[bytes, int] = {}  # key -> revision of what is known of it
+        self.local: dict[bytes, asyncio.Event] = {}  # owner -> its waiting request here
+        self.task: asyncio.Task[None] | None = None
+        self.broken = False
+
+    # what is known
+
+    def first(self) -> KeyValue | None:
+        if not self.waiters:
+            return None
+        return min(self.waiters.values(), key=lambda kv: kv.create_revision)
+
+    def _set(self, key: bytes, kv: KeyValue | None, revision: int) -> None:
+        if revision < self.seen.get(key, 0):
+            return
+        self.seen[key] = revision
+        if key == self.holder_key:
+            self.holder = kv
+        elif key.startswith(self.waiting):
+            if kv is None:
+                self.waiters.pop(key, None)
+            else:
+                self.waiters[key] = kv
+
+    def put(self, kv: KeyValue) -> None:
+        self._set(kv.key, kv, kv.mod_revision)
+        self._wake()
+
+    def delete(self, key: bytes, revision: int) -> None:
+        self._set(key, None, revision)
+        self._wake()
+
+    def load(self, holder: tuple[KeyValue, ...], waiters: tuple[KeyValue, ...], rev: int) -> None:
+        """A snapshot read at revision ``rev``."""
+        self._set(self.holder_key, holder[0] if holder else None, rev)
+        now = {kv.key: kv for kv in waiters}
+        for key in set(self.waiters) - set(now):
+            self._set(key, None, rev)
+        for key, kv in now.items():
+            self._set(key, kv, rev)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Only the waiter concerned: the one the lock is handed to, or the first when
+        the holder key is gone; and a waiter whose key went (its lease expired)."""
+        if self.holder is not None:
+            event = self.local.get(self.holder.value)
+            if event is not None:
+                event.set()
+        else:
+            first = self.first()
+            if first is not None and first.value in self.local:
+                self.local[first.value].set()
+        for owner, event in self.local.items():
+            if self.waiting + owner not in self.waiters:
+                event.set()
+
+    # the watch
+
+    def follow(self, revision: int) -> None:
+        if self.task is None or self.task.done():
+            self.broken = False
+            self.task = asyncio.get_running_loop().create_task(self._pump(revision))
+
+    async def _pump(self, revision: int) -> None:
+        try:
+            async for change in self.store.watch(self.prefix, start_revision=revision):
+                self._event(change)
+        except StoreUnavailable as e:
+            log.info("a lock's watch ended (%s); its waiters read again", e)
+        finally:
+            self.broken = True
+            for waiter in self.local.values():
+                waiter.set()
+
+    def _event(self, event: WatchEvent) -> None:
+        if event.kind == "put":
+            self.put(event.kv)
+        else:
+            self.delete(event.kv.key, event.kv.mod_revision)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+
+class Locks:
+    """The lock operations of an engine (acquire, keepalive, release)."""
+
+    def __init__(self, store: Store, max_wait: float) -> None:
+        self.store = store
+        self.max_wait = max_wait
+        self._views: dict[bytes, View] = {}
+        self._sessions: dict[bytes, int] = {}  # session key -> its lease (a cache)
+        self._closed = False
+
+    # sessions
+
+    async def _session_lease(self, key: bytes, ttl: int) -> int:
+        """The lease of a session: granted once, found through its key after."""
+        lease = self._sessions.get(key)
+        if lease:
+            return lease
+        found = await self.store.get(key)
+        if found is not None and found.lease:
+            self._sessions[key] = found.lease
+            return found.lease
+        lease = await self.store.lease_grant(ttl)
+        made = await self.store.txn(
+            [Compare(key, "version", "==", 0)], [Put(key, b"", lease=lease)], [Get(key)]
+        )
+        if not made.succeeded and made.results[0] and made.results[0][0].lease:
+            await self._drop(lease)  # another request of this session was first
+            lease = made.results[0][0].lease
+        self._sessions[key] = lease
+        return lease
+
+    async def _drop(self, lease: int) -> None:
+        if not lease:
+            return
+        try:
+            await self.store.lease_revoke(lease)
+        except StoreUnavailable as e:  # it expires with its TTL
+            log.warning("a lease was not revoked (%s); it expires on its own", e)
+
+    def _view(self, prefix: bytes) -> View:
+        view = self._views.get(prefix)
+        if view is None:
+            view = self._views[prefix] = View(self.store, prefix)
+        return view
+
+    def _done_waiting(self, view: View, owner: bytes) -> None:
+        view.local.pop(owner, None)
+        if not view.local:  # nobody waits here: no watch (a later waiter reads again)
+            view.stop()
+            self._views.pop(view.prefix, None)
+
+    # acquire
+
+    async def acquire(self, prefix: bytes, base: bytes, args: dict[str, Any]) -> dict[str, Any]:
+        """Take the lock for ``owner`` (its session's lease), waiting up to ``timeout``
+        (at most ``max_wait``) in arrival order. Retrying with the same owner is safe (a
+        holder is answered its token; a waiter keeps its place)."""
+        owner = id_arg(args, "owner").encode()
+        session = args.get("session")
+        shared = session is not None
+        sid = id_arg(args, "session").encode() if shared else owner
+        ttl = int_arg(args, "ttl", 30, lo=1, hi=3600)
+        wait = float_arg(args, "timeout", self.max_wait)
+        deadline = time.monotonic() + min(wait, self.max_wait)
+        session_key = base + (b"session/s/" if shared else b"session/o/") + sid + b"/%d" % ttl
+        holder, me = prefix + b"holder", prefix + b"w/" + owner
+        view: View | None = None
+        event = asyncio.Event()
+        mine = 0  # my waiter key's create revision, 0: none
+        refreshed = time.monotonic()
+        held = False
+        lease = 0
+        try:
+            while True:
+                lease = await self._session_lease(session_key, ttl)
+                try:
+                    result = await self.store.txn(
+                        [Compare(holder, "version", "==", 0)],
+                        [Put(holder, owner, lease=lease)],
+                        [
+                            Get(holder),
+                            Put(me, owner, lease=lease),
+                            Get(prefix + b"w/", prefix=True),
+                        ],
+                    )
+                except LeaseNotFound:
+                    self._sessions.pop(session_key, None)  # it expired: a new one
+                    continue
+                refreshed = time.monotonic()
+                if result.succeeded:
+                    held = True
+                    return {"acquired": True, "token": result.revision}
+                current = result.results[0][0] if result.results[0] else None
+                if current is not None and current.value == owner:  # retried: ours already
+                    held = True
+                    await self._withdraw(me, 0)
+                    return {"acquired": True, "token": current.mod_revision}
+                mine = next(kv.create_revision for kv in result.results[2] if kv.key == me)
+                if view is None:
+                    view = self._view(prefix)
+                    view.local[owner] = event
+                view.load(result.results[0], result.results[2], result.revision)
+                view.follow(result.revision + 1)
+                while True:
+                    event.clear()
+                    h = view.holder
+                    if h is not None and h.value == owner:
+                        held = True
+                        return {"acquired": True, "token": h.mod_revision}
+                    waiting = view.waiters.get(me)
+                    if view.broken or waiting is None or waiting.create_revision != mine:
+                        break  # read again (and arrive again if the key went)
+                    if h is None and view.first() is waiting:
+                        try:
+                            claim = await self._claim(view, holder, me, owner, mine, lease)
+                        except LeaseNotFound:  # the session's lease expired: arrive again
+                            self._sessions.pop(session_key, None)
+                            break
+                        if claim is not None:
+                            held = True
+                            return {"acquired": True, "token": claim}
+                        continue
+                    now = time.monotonic()
+                    if now >= deadline:
+                        gone = await self._withdraw(me, mine, holder)
+                        if gone is not None and gone.value == owner:  # handed over meanwhile
+                            held = True
+                            return {"acquired": True, "token": gone.mod_revision}
+                        mine = 0
+                        return {"acquired": False}
+                    if now - refreshed > ttl / 3:
+                        await self.store.lease_keepalive(lease)
+                        refreshed = now
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), min(deadline - now, ttl / 3))
+        finally:
+            if view is not None:
+                self._done_waiting(view, owner)
+            if not shared and not held:
+                await self._drop(lease)
+                self._sessions.pop(session_key, None)
+
+    async def _claim(
+        self, view: View, holder: bytes, me: bytes, owner: bytes, mine: int, lease: int
+    ) -> int | None:
+        """The first waiter takes a free lock: its token, or None (read again)."""
+        result = await self.store.txn(
+            [Compare(holder, "version", "==", 0), Compare(me, "create", "==", mine)],
+            [Put(holder, owner, lease=lease), Delete(me)],
+            [Get(holder), Get(view.waiting, prefix=True)],
+        )
+        if result.succeeded:
+            view.put(KeyValue(holder, owner, result.revision, result.revision, 1, lease))
+            view.delete(me, result.revision)
+            return result.revision
+        view.load(result.results[0], result.results[1], result.revision)
+        return None
+
+    async def _withdraw(self, me: bytes, mine: int, holder: bytes = b"") -> KeyValue | None:
+        """Delete this waiter's key (``mine``: only that very key, 0: whatever is there);
+        when it was gone already, the holder (it may have been handed the lock)."""
+        guard = [Compare(me, "create", "==", mine)] if mine else []
+        result = await self.store.txn(guard, [Delete(me)], [Get(holder)] if holder else [])
+        if not result.succeeded and result.results and result.results[0]:
+            return result.results[0][0]
+        return None
+
+    # keepalive, release
+
+    def _held(self, prefix: bytes, args: dict[str, Any]) -> tuple[bytes, bytes, int]:
+        return prefix + b"holder", id_arg(args, "owner").encode(), int_arg(args, "token", lo=1)
+
+    async def keepalive(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
+        """Refresh the holder's lease, found through the holder key, if ``owner`` with this
+        token still holds the lock."""
+        holder, owner, token = self._held(prefix, args)
+        current = await self.store.get(holder)
+        if current is None or current.value != owner or current.mod_revision != token:
+            return {"alive": False, "ttl": 0}
+        ttl = await self.store.lease_keepalive(current.lease) if current.lease else 0
+        return {"alive": ttl > 0, "ttl": ttl}
+
+    async def release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
+        """Free the lock if ``owner`` with this token holds it, in one transaction: handed
+        over to the first waiter when this replica knows it, else deleted (the first waiter
+        claims it). Whether it was still held."""
+        holder, owner, token = self._held(prefix, args)
+        mine = [Compare(holder, "value", "==", owner), Compare(holder, "mod", "==", token)]
+        view = self._views.get(prefix)
+        successor = view.first() if view is not None and not view.broken else None
+        if view is not None and successor is not None:
+            try:
+                result = await self.store.txn(
+                    [*mine, Compare(successor.key, "create", "==", successor.create_revision)],
+                    [Put(holder, successor.value, lease=successor.lease), Delete(successor.key)],
+                    [Get(holder)],
+                )
+            except LeaseNotFound:  # that waiter's session just expired: free it plainly
+                view.delete(successor.key, view.seen.get(successor.key, 0) + 1)
+                successor = None
+        if view is not None and successor is not None:
+            if result.succeeded:
+                view.put(KeyValue(holder, successor.value, 0, result.revision, 0, successor.lease))
+                view.delete(successor.key, result.revision)
+                return {"released": True}
+            current = result.results[0][0] if result.results[0] else None
+            if current is None or current.value != owner or current.mod_revision != token:
+                return {"released": False}
+            # that waiter went meanwhile: free it plainly
+        result = await self.store.txn(mine, [Delete(holder)])
+        if result.succeeded:
+            if view is not None:
+                view.delete(holder, result.revision)
+            deleted = result.results[0]
+            if "session" not in args and deleted and deleted[0].lease:
+                await self._drop(deleted[0].lease)  # a lease of its own, as before sessions
+        return {"released": result.succeeded}
+
+    def close(self) -> None:
+        self._closed = True
+        for view in self._views.values():
+            view.stop()
+        self._views.clear()
