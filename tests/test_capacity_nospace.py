@@ -84,12 +84,15 @@ async def test_at_the_quota_writes_are_refused_saying_why_and_reads_still_work(
             await service.commit(waiting["version"]),
             await service.begin("after", b"x"),
         ):
-            assert status == 503
+            assert status == 507, answer
             assert FULL in answer["error"]
+            assert "it was not applied" in answer["error"]
+            assert "docs/capacity.md" in answer["error"]
+            assert "retry shortly" not in answer["error"]
         with pytest.raises(StoreUnavailable, match=FULL):
             await begin(store, lease, 1)
         r = await client.post("/v1/collections/c/dict/d/set", json=entry("after"))
-        assert r.status == 503
+        assert r.status == 507
         assert FULL in (await r.json())["error"]
         counters = Usage(store, interval=3600)
         counters.add(ORG, "write", write_dims(0), versions=1, bytes=1)

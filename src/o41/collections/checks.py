@@ -41,6 +41,13 @@ class Busy(CollectionError):
     status = 503
 
 
+class Full(CollectionError):
+    """The state store's space quota is reached: writes are refused until an administrator
+    frees space (507, as WebDAV's Insufficient Storage: retrying does not help)."""
+
+    status = 507
+
+
 class Unavailable(CollectionError):
     """The state store cannot answer now (etcd without a majority)."""
 

@@ -84,6 +84,12 @@ class StoreUnavailable(Exception):
     """
 
 
+class StoreFull(StoreUnavailable):
+    """etcd's space quota is reached (its NOSPACE alarm): every write is refused, and was
+    not applied, until an administrator frees space; reads still work. Retrying does not
+    help (docs/capacity.md: compact, defragment, disarm)."""
+
+
 class Store(Protocol):
     async def get(self, key: bytes, *, consistency: Consistency = "strong") -> KeyValue | None: ...
 

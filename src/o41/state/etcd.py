@@ -48,6 +48,7 @@ from o41.state import (
     LeaseNotFound,
     Op,
     Put,
+    StoreFull,
     StoreUnavailable,
     TxnResult,
     WatchEvent,
@@ -348,6 +349,13 @@ class EtcdStore:
                         self._lost_majority(message)
                         await self._wait_for_verdict()
                     raise StoreUnavailable(message + (_MAYBE_APPLIED if write else "")) from None
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "space" in details:
+                    raise StoreFull(
+                        f"the state store is full (etcd: {details}; its NOSPACE alarm is "
+                        "raised): it refuses every write until an administrator frees space "
+                        "(docs/capacity.md: compact, defragment, disarm the alarm); reads "
+                        "still work" + (_NOT_APPLIED if write else "")
+                    ) from None
                 retry = code == grpc.StatusCode.UNAVAILABLE and (
                     not write or any(s in details.lower() for s in _NOT_SENT)
                 )

@@ -47,10 +47,10 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from o41.collections.checks import BadRequest, CollectionError, Unavailable
+from o41.collections.checks import BadRequest, CollectionError, Full, Unavailable
 from o41.collections.engine import Engine
 from o41.jsonlimits import TooDeep, check_depth
-from o41.state import EtcdTls, StoreUnavailable, open_store, store_settings
+from o41.state import EtcdTls, StoreFull, StoreUnavailable, open_store, store_settings
 from o41.webhook import auth, errors
 from o41.webhook.errors import problem
 from o41.webhook.keys import COLLECTIONS as COLLECTIONS  # its tests read it here
@@ -205,6 +205,8 @@ async def perform(
             quota.freed(namespace)
     try:
         result = await engine.call(namespace, compute, kind, name, op, args)
+    except StoreFull as e:
+        raise Full(str(e)) from None
     except StoreUnavailable as e:
         raise Unavailable(f"the state store cannot answer now: {e}") from None
     return _encode(result)

@@ -19,7 +19,7 @@ from o41.collections.checks import CollectionError
 from o41.core.placement import PlacementRefused
 from o41.core.versions import VersionRefused
 from o41.core.writes import CommitRefused, WriteRefused
-from o41.state import StoreUnavailable
+from o41.state import StoreFull, StoreUnavailable
 from o41.storage import Reason, StorageError
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ class LocationFailed(Exception):
 
 def answer(e: Exception) -> web.HTTPException | None:
     """The HTTP answer to a failure of the service or of a rule, None for a bug."""
+    if isinstance(e, StoreFull):  # no retry helps: an administrator must free space
+        return problem(507, str(e))
     if isinstance(e, StoreUnavailable):
         return problem(503, f"the state store is unavailable ({e}); retry shortly")
     if isinstance(e, CollectionError):  # a collections refusal: its status, its words
