@@ -79,7 +79,10 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 ]
 LEADER_CHECK = 10.0  # seconds between looks for the leader while all is well
-ATTEMPT = 1.0  # seconds one member is given to answer a call (then the next, if safe)
+# seconds one member is given to answer a call (then the next, if safe): short, so a dead
+# leader stalls strong writes about this long; raise it (O41_ETCD_ATTEMPT_SECONDS) where
+# etcd's disk is slow enough that a healthy commit can take longer
+ATTEMPT = float(os.environ.get("O41_ETCD_ATTEMPT_SECONDS", "1.0"))
 PROBE_EVERY = 0.1  # seconds between probes for a majority while etcd has none
 ELECTION = 1.0  # seconds a probe allows for an election before it says "no majority"
 # a member without a leader refuses at once ("no leader") instead of holding the call
