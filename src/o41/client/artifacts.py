@@ -598,7 +598,7 @@ class Artifacts:
             if "multipart" in began["upload"]:
                 log.info(
                     "writing version %s of %s in parts; should this stop, write again with "
-                    "resume=%r (o41 write --resume) to send only the missing parts",
+                    "resume=%r to send only the missing parts",
                     began["version"],
                     artifact,
                     began["version"],
