@@ -31,6 +31,7 @@ from o41.storage import (
     Ensured,
     MultipartUpload,
     ObjectStat,
+    Part,
     Reason,
     SignedRequest,
     StorageError,
@@ -59,6 +60,7 @@ class Storage:
     unsignable: set[str] = field(default_factory=set)  # buckets that cannot sign
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
+    puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -76,6 +78,7 @@ class Storage:
         if request.method == "PUT":
             data = await request.read()
             with self.lock:
+                self.puts.append(f"{path} {q.get('partNumber', '')}".strip())
                 if "uploadId" in q:
                     self.parts[(q["uploadId"], int(q["partNumber"]))] = data
                 else:
@@ -175,6 +178,26 @@ class StandInBucket:
             for part in [p for p in self._storage.parts if p[0] == upload_id]:
                 del self._storage.parts[part]
             self._storage.aborted.append((self._path(key), upload_id))
+
+    def presign_parts(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        numbers: Sequence[int],
+        *,
+        expires: int,
+        crc32: Sequence[str] | None = None,
+    ) -> tuple[SignedRequest, ...]:
+        upload_id = upload if isinstance(upload, str) else upload.upload_id
+        return tuple(
+            self._sign("PUT", key, expires, uploadId=upload_id, partNumber=str(n)) for n in numbers
+        )
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        upload_id = upload if isinstance(upload, str) else upload.upload_id
+        with self._storage.lock:
+            held = [(n, p) for (u, n), p in self._storage.parts.items() if u == upload_id]
+        return [Part(n, len(p), f'"{hashlib.md5(p).hexdigest()}"') for n, p in sorted(held)]
 
     def stat(self, key: str) -> ObjectStat | None:
         with self._storage.lock:

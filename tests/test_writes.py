@@ -239,3 +239,131 @@ async def test_a_commit_before_the_upload_is_refused(service: Service) -> None:
     path = f"/v1/organizations/{ORG}/artifacts/u/versions/{began['version']}"
     status, answer = await service.api("GET", path)
     assert status == 404 and "no committed version" in answer["error"]
+
+
+class PodDied(Exception):
+    """Stands for the pod being killed in the middle of an upload."""
+
+
+async def test_a_write_killed_after_some_parts_resumes_without_resending_them(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from o41.client import artifacts as client_module
+
+    data = os.urandom(3 * PART_SIZE + 1000)  # four parts
+    path = tmp_path / "ckpt"
+    path.write_bytes(data)
+    monkeypatch.setattr(client_module, "PARALLEL_PARTS", 1)
+    sent = 0
+    real_put = Artifacts._put
+
+    def dying_put(self: Artifacts, *args: Any) -> str:
+        nonlocal sent
+        if sent == 2:
+            raise PodDied
+        sent += 1
+        return real_put(self, *args)
+
+    began: list[str] = []
+    real_call = Artifacts.call
+
+    def call(self: Artifacts, method: str, path_: str, body: Any = None) -> Any:
+        answer = real_call(self, method, path_, body)
+        if path_ == "/v1/writes":
+            began.append(answer["version"])
+        return answer
+
+    monkeypatch.setattr(Artifacts, "call", call)
+    monkeypatch.setattr(Artifacts, "_put", dying_put)
+    client = service.client("aws", "us-east-1")
+    with pytest.raises(PodDied):
+        await asyncio.to_thread(client.write, ORG, "ckpt", path)
+    monkeypatch.setattr(Artifacts, "_put", real_put)
+    (version,) = began
+    key = f"/bucket-east/ckpt/{version}"
+    assert service.storage.puts == [f"{key} 1", f"{key} 2"]
+
+    status, progress = await service.api("GET", f"/v1/writes/{version}")
+    assert status == 200, progress
+    assert [(p["number"], p["size"]) for p in progress["present"]] == [
+        (1, PART_SIZE),
+        (2, PART_SIZE),
+    ]
+    assert (progress["parts"], progress["partSize"]) == (4, PART_SIZE)
+
+    written = await asyncio.to_thread(
+        client.write, ORG, "ckpt", path, metadata={"step": 7}, resume=version
+    )
+    assert written.version == version and began == [version]  # no second begin
+    assert service.storage.puts == [f"{key} {n}" for n in (1, 2, 3, 4)]  # 1 and 2 once
+    out = tmp_path / "back"
+    got = await asyncio.to_thread(client.read, ORG, "ckpt", "latest", out)
+    assert got.version == version and out.read_bytes() == data
+
+
+async def test_a_resume_sends_again_a_part_that_differs(service: Service, tmp_path: Path) -> None:
+    """A part in the bucket that is not the file's (its ETag differs) is sent again."""
+    data = os.urandom(PART_SIZE + 1000)
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    body = {"organization": ORG, "artifact": "d", "size": len(data), "place": place}
+    body["partSize"] = PART_SIZE
+    status, began = await service.api("POST", "/v1/writes", body)
+    assert status == 201, began
+    first = began["upload"]["multipart"]["parts"][0]
+    async with aiohttp.ClientSession() as s, s.put(first["url"], data=b"x" * PART_SIZE) as r:
+        assert r.status == 200
+    path = tmp_path / "d"
+    path.write_bytes(data)
+    client = service.client("aws", "us-east-1")
+    await asyncio.to_thread(client.write, ORG, "d", path, resume=began["version"])
+    got, _ = await asyncio.to_thread(client.read_bytes, ORG, "d", began["version"])
+    assert got == data
+    key = f"/bucket-east/d/{began['version']}"
+    assert sorted(service.storage.puts) == [f"{key} 1", f"{key} 1", f"{key} 2"]
+
+
+async def test_only_the_namespace_that_began_a_write_sees_or_resumes_it(
+    service: Service, tmp_path: Path
+) -> None:
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    body = {"organization": ORG, "artifact": "n", "size": 2 * PART_SIZE, "place": place}
+    body["partSize"] = PART_SIZE
+    status, began = await service.api("POST", "/v1/writes", body)
+    assert status == 201, began
+    version = began["version"]
+    other = tmp_path / "other"
+    other.write_text("token-team-b")
+    theirs = Service(service.url, service.storage, other)
+    for method, path, req in [
+        ("GET", f"/v1/writes/{version}", None),
+        ("POST", f"/v1/writes/{version}/parts", {"parts": [1]}),
+    ]:
+        status, answer = await theirs.api(method, path, req)
+        assert status == 404 and "no write" in answer["error"], answer
+        assert version in answer["error"]  # only the id they sent
+        gone, missing = await theirs.api(method, path.replace(version, "0-nope"), req)
+        assert gone == 404 and missing["error"].replace("0-nope", version) == answer["error"]
+    status, answer = await service.api("POST", f"/v1/writes/{version}/parts", {"parts": [2, 1]})
+    assert status == 200 and [p["number"] for p in answer["parts"]] == [2, 1], answer
+    for bad, want in [([3], "parts 1..2"), ([1, 1], "twice"), ([], "parts")]:
+        status, answer = await service.api("POST", f"/v1/writes/{version}/parts", {"parts": bad})
+        assert status == 400 and want in answer["error"], answer
+
+
+async def test_a_long_write_signs_its_parts_again_before_they_expire(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """URLs with less than the margin left are signed again by the service."""
+    from o41.client import artifacts as client_module
+
+    monkeypatch.setattr(client_module, "RESIGN_MARGIN", 3600.0)  # every URL is about to expire
+    data = os.urandom(PART_SIZE + 1000)
+    path = tmp_path / "long"
+    path.write_bytes(data)
+    client = service.client("aws", "us-east-1")
+    written = await asyncio.to_thread(client.write, ORG, "long", path)
+    key = f"long/{written.version}"
+    signed = [s for s in service.storage.signed if s.startswith(f"PUT {key}")]
+    assert len(signed) > 2  # the two parts of begin, and again
+    got, _ = await asyncio.to_thread(client.read_bytes, ORG, "long", written.version)
+    assert got == data

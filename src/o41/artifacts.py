@@ -213,27 +213,42 @@ class Client:
         *,
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
+        resume: str | None = None,
     ) -> Written:
         """Write ``source`` as a new version: a path (uploaded without a copy, in parallel
         parts when large), bytes, or a binary file object (a ``BytesIO`` is sent from
         memory; another is read to a temporary file first, since a write declares its
         size). ``metadata``: small JSON key/values kept with the version (at most 64 keys,
-        8 KiB). ``tag``: moved to this version when it commits."""
+        8 KiB). ``tag``: moved to this version when it commits. ``resume``: the version id
+        of a write of the same source in parts that did not finish (the log of the pod
+        that began it names it): only the parts the bucket lacks are sent."""
+        api = self._api
+
+        def write_bytes(data: bytes | bytearray | memoryview) -> Any:
+            return api.write_bytes(
+                organization, artifact, data, metadata=metadata, tag=tag, resume=resume
+            )
+
+        def write_path(path: str | Path) -> Any:
+            return api.write(
+                organization, artifact, path, metadata=metadata, tag=tag, resume=resume
+            )
+
         if isinstance(source, bytes | bytearray | memoryview):
-            w = self._api.write_bytes(organization, artifact, source, metadata=metadata, tag=tag)
+            w = write_bytes(source)
         elif isinstance(source, str | os.PathLike):
             path = Path(source)
             if path.is_dir():
                 raise Error(f"{path} is a directory: write one file (directories come later)")
-            w = self._api.write(organization, artifact, path, metadata=metadata, tag=tag)
+            w = write_path(path)
         elif isinstance(source, io.BytesIO):
             view = source.getbuffer()[source.tell() :]
-            w = self._api.write_bytes(organization, artifact, view, metadata=metadata, tag=tag)
+            w = write_bytes(view)
         elif hasattr(source, "read"):
             with tempfile.NamedTemporaryFile(prefix="o41-", suffix=".spool") as spool:
                 shutil.copyfileobj(source, spool, 1024 * 1024)
                 spool.flush()
-                w = self._api.write(organization, artifact, spool.name, metadata=metadata, tag=tag)
+                w = write_path(spool.name)
         else:
             raise TypeError(
                 f"write takes a path, bytes or a binary file object, not {type(source).__name__}"
@@ -385,9 +400,12 @@ def write(
     *,
     metadata: Mapping[str, Any] | None = None,
     tag: str | None = None,
+    resume: str | None = None,
 ) -> Written:
     """:meth:`Client.write` on the default client."""
-    return _client().write(organization, artifact, source, metadata=metadata, tag=tag)
+    return _client().write(
+        organization, artifact, source, metadata=metadata, tag=tag, resume=resume
+    )
 
 
 def read(organization: str, artifact: str, version: str, path: str | os.PathLike[str]) -> Read:

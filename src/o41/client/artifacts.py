@@ -19,9 +19,10 @@ import os
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ PARALLEL_PARTS = 8
 RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
+# A part's URL is signed again by the service when it has less than this left, in batches
+# of the next parts to go up: a multi-hour write never sends a part on an expired URL.
+RESIGN_MARGIN = 300.0
+RESIGN_BATCH = 64
 
 
 class ArtifactError(Exception):
@@ -339,6 +344,20 @@ class _Source:
         assert self.data is not None
         return _BytesSlice(self.data, offset, length, progress, digest)
 
+    def md5(self, offset: int, length: int) -> str:
+        digest = hashlib.md5()  # noqa: S324 - the ETag of a part
+        if self.data is not None:
+            digest.update(self.data[offset : offset + length])
+            return digest.hexdigest()
+        assert self.path is not None
+        left = length
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            while left > 0 and (block := f.read(min(BLOCK, left))):
+                digest.update(block)
+                left -= len(block)
+        return digest.hexdigest()
+
     def crc32(self, offset: int, length: int) -> str:
         crc, left = 0, length
         if self.data is not None:
@@ -362,6 +381,57 @@ def part_checksums(path: Path | _Source, size: int, part_size: int) -> list[str]
 
     with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as pool:
         return list(pool.map(one, range(part_count(size, part_size))))
+
+
+class _PartURLs:
+    """The upload requests of a multipart write's parts, by number. A part whose URL is
+    missing (a resume) or about to expire (a long write) is signed again by the service,
+    with the next parts of ``order`` in the same call."""
+
+    def __init__(
+        self,
+        client: Artifacts,
+        version: str,
+        order: Sequence[int],
+        signed: Mapping[int, Mapping[str, Any]] | None = None,
+        expires_in: float = 0.0,
+    ) -> None:
+        self._client, self._version = client, version
+        self._urls: dict[int, Mapping[str, Any]] = dict(signed or {})
+        self._order = list(order)
+        self._at = {n: i for i, n in enumerate(self._order)}
+        self._deadline = time.monotonic() + expires_in - RESIGN_MARGIN
+        self._lock = threading.Lock()
+        self.resigned = 0  # parts signed again, for the tests
+
+    def __getitem__(self, n: int) -> Mapping[str, Any]:
+        with self._lock:
+            stale = time.monotonic() >= self._deadline
+            if stale or n not in self._urls:
+                i = self._at[n]
+                batch = self._order[i : i + RESIGN_BATCH]
+                answer = self._client.call(
+                    "POST", f"/v1/writes/{_q(self._version)}/parts", {"parts": batch}
+                )
+                if stale:
+                    self._urls.clear()
+                self._urls.update({p["number"]: p for p in answer["parts"]})
+                self._deadline = time.monotonic() + answer["expiresIn"] - RESIGN_MARGIN
+                self.resigned += len(batch)
+            return self._urls[n]
+
+
+def _part_matches(source: _Source, offset: int, length: int, held: Mapping[str, Any]) -> bool:
+    """Whether a part the bucket holds is this slice of the file: its size, and its CRC32
+    or, failing that, its ETag when the ETag is an MD5 (S3 without KMS, GCS)."""
+    if held.get("size") != length:
+        return False
+    if held.get("crc32"):
+        return bool(source.crc32(offset, length) == held["crc32"])
+    etag = str(held.get("etag") or "").strip('"').lower()
+    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):
+        return source.md5(offset, length) == etag
+    return True  # Azure keeps no checksum of a block: its size is all there is
 
 
 class Progress:
@@ -462,11 +532,17 @@ class Artifacts:
         *,
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
+        resume: str | None = None,
     ) -> Written:
         """Begin, upload straight to the bucket, commit. When the bucket fails, begin
         again with that location excluded. ``metadata`` (small JSON key/values) is kept
-        with the version; ``tag`` is moved to it at commit."""
-        return self._write(organization, artifact, _Source(path=Path(path)), metadata, tag)
+        with the version; ``tag`` is moved to it at commit. ``resume``: the version of a
+        multipart write of this same file that did not finish (its pod died): only the
+        parts its bucket does not hold yet are sent, then it commits."""
+        source = _Source(path=Path(path))
+        if resume is not None:
+            return self._resume(organization, artifact, source, resume, metadata, tag)
+        return self._write(organization, artifact, source, metadata, tag)
 
     def write_bytes(
         self,
@@ -476,10 +552,13 @@ class Artifacts:
         *,
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
+        resume: str | None = None,
     ) -> Written:
         """:meth:`write` of bytes in memory (no copy to a file)."""
-        view = memoryview(data).cast("B")
-        return self._write(organization, artifact, _Source(data=view), metadata, tag)
+        source = _Source(data=memoryview(data).cast("B"))
+        if resume is not None:
+            return self._resume(organization, artifact, source, resume, metadata, tag)
+        return self._write(organization, artifact, source, metadata, tag)
 
     def _write(
         self,
@@ -516,8 +595,16 @@ class Artifacts:
                 continue
             if began.get("warning"):
                 log.warning("%s", began["warning"])
+            if "multipart" in began["upload"]:
+                log.info(
+                    "writing version %s of %s in parts; should this stop, write again with "
+                    "resume=%r to send only the missing parts",
+                    began["version"],
+                    artifact,
+                    began["version"],
+                )
             try:
-                etags, md5 = self._upload(source, size, began["upload"], began["location"])
+                etags, md5 = self._upload(source, size, began, began["location"])
             except UploadFailed as e:
                 log.warning("%s; beginning again without location %s", e, began["location"])
                 exclude.append(began["location"])
@@ -536,10 +623,96 @@ class Artifacts:
             )
         raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
 
+    def _resume(
+        self,
+        organization: str,
+        artifact: str,
+        source: _Source,
+        version: str,
+        metadata: Mapping[str, Any] | None,
+        tag: str | None,
+    ) -> Written:
+        """Finish the pending multipart write ``version``: ask which parts its bucket
+        holds, keep those that match the file, send the others, commit."""
+        size = source.size
+        found = self.call("GET", f"/v1/writes/{_q(version)}")
+        if (found["organization"], found["artifact"]) != (organization, artifact):
+            raise ArtifactError(
+                f"write {version} is of {found['organization']}/{found['artifact']}, not "
+                f"{organization}/{artifact}: resume it with those names"
+            )
+        if found["size"] != size:
+            raise ArtifactError(
+                f"write {version} began with {found['size']} bytes, but the file has {size}: "
+                "resume with the same file, or write it again without resume"
+            )
+        if not found["multipart"] or not found["partSize"]:
+            raise ArtifactError(
+                f"write {version} is one PUT, not parts: write it again without resume"
+            )
+        part_size: int = found["partSize"]
+        parts: int = found["parts"]
+        kept: dict[int, str] = {}
+        for held in found["present"]:
+            n = held["number"]
+            offset = (n - 1) * part_size
+            if _part_matches(source, offset, min(part_size, size - offset), held):
+                kept[n] = str(held.get("etag") or "")
+        missing = [n for n in range(1, parts + 1) if n not in kept]
+        log.info("resuming write %s: %d of %d parts are in the bucket", version, len(kept), parts)
+        urls = _PartURLs(self, version, missing)
+        etags = self._parts(source, size, part_size, parts, urls, found["location"], kept)
+        commit: dict[str, Any] = {"etags": etags}
+        if metadata is not None:
+            commit["metadata"] = dict(metadata)
+        if tag is not None:
+            commit["tag"] = tag
+        done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit)
+        return Written(version, done["location"], found["rule"], None, size, done.get("tag"))
+
+    def _parts(
+        self,
+        source: _Source,
+        size: int,
+        part_size: int,
+        parts: int,
+        urls: _PartURLs,
+        location: str,
+        kept: Mapping[int, str],
+    ) -> list[str]:
+        """Send the parts not ``kept`` (number: ETag); every part's ETag, in order."""
+        progress = Progress(size, f"upload to {location}")
+        pool = _Pool(self.timeout)
+
+        def one(n: int) -> str:
+            if n in kept:
+                return kept[n]
+            offset = (n - 1) * part_size
+            length = min(part_size, size - offset)
+
+            def body() -> _Body:
+                return source.slice(offset, length, progress)
+
+            return self._put(pool, urls[n], body, length, location)
+
+        try:
+            with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as threads:
+                return list(threads.map(one, range(1, parts + 1)))
+        finally:
+            pool.close()
+
     def _upload(
-        self, source: _Source, size: int, upload: Mapping[str, Any], location: str
+        self, source: _Source, size: int, began: Mapping[str, Any], location: str
     ) -> tuple[list[str], str | None]:
         """Upload the file; returns each part's ETag, and the MD5 of a single upload."""
+        upload: Mapping[str, Any] = began["upload"]
+        if "multipart" in upload:
+            spec = upload["multipart"]
+            count = len(spec["parts"])
+            signed = {n: spec["parts"][n - 1] for n in range(1, count + 1)}
+            order = range(1, count + 1)
+            urls = _PartURLs(self, began["version"], order, signed, began["expiresIn"])
+            return self._parts(source, size, spec["partSize"], count, urls, location, {}), None
         progress = Progress(size, f"upload to {location}")
         pool = _Pool(self.timeout)
         try:
@@ -552,21 +725,7 @@ class Artifacts:
 
                 self._put(pool, upload["single"], whole, size, location)
                 return [], hashes[-1].hexdigest()
-            spec = upload["multipart"]
-            part_size: int = spec["partSize"]
-            parts: list[Mapping[str, Any]] = spec["parts"]
-
-            def one(n: int) -> str:
-                offset = n * part_size
-                length = min(part_size, size - offset)
-
-                def body() -> _Body:
-                    return source.slice(offset, length, progress)
-
-                return self._put(pool, parts[n], body, length, location)
-
-            with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as threads:
-                return list(threads.map(one, range(len(parts)))), None
+            raise ArtifactError("the service answered no upload: update the client")
         finally:
             pool.close()
 

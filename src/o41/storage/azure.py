@@ -24,7 +24,7 @@ import datetime as dt
 import functools
 import re
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
@@ -49,6 +49,7 @@ from o41.storage.base import (
     Ensured,
     MultipartUpload,
     ObjectStat,
+    Part,
     Reason,
     SetupFailed,
     SignedRequest,
@@ -274,17 +275,59 @@ class AzureBucket:
         check_parts(parts)
         at = expires_at(expires)
         upload_id = secrets.token_hex(8)
+        return MultipartUpload(
+            key=key,
+            upload_id=upload_id,
+            parts=self._blocks(key, upload_id, range(1, parts + 1), at),
+        )
+
+    def _blocks(
+        self, key: str, upload_id: str, numbers: Iterable[int], at: dt.datetime
+    ) -> tuple[SignedRequest, ...]:
         base = self._sas_url(key, BlobSasPermissions(write=True), at)
-        requests_ = tuple(
+        return tuple(
             SignedRequest(
                 "PUT",
                 f"{base}&comp=block&blockid={quote(block_id(upload_id, n), safe='')}",
                 {"Content-Type": OCTET_STREAM},
                 at,
             )
-            for n in range(1, parts + 1)
+            for n in numbers
         )
-        return MultipartUpload(key=key, upload_id=upload_id, parts=requests_)
+
+    def presign_parts(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        numbers: Sequence[int],
+        *,
+        expires: int,
+        crc32: Sequence[str] | None = None,
+    ) -> tuple[SignedRequest, ...]:
+        check_key(key)
+        upload_id = self._upload_id(upload)
+        for n in numbers:
+            check_parts(n)
+        return self._blocks(key, upload_id, numbers, expires_at(expires))
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        """The blob's uncommitted blocks of this upload (Put Block answers no ETag)."""
+        check_key(key)
+        upload_id = self._upload_id(upload)
+        blob = self._service.get_blob_client(self.ref.bucket, key)
+        with self._failing("listing the blocks of", cls=StorageError, unless=_not_found) as answer:
+            _, uncommitted = blob.get_block_list("uncommitted")
+        if answer.error is not None:
+            return []  # no block yet: Azure knows no blob
+        found = []
+        for block in uncommitted:
+            raw = block.id
+            with contextlib.suppress(binascii.Error, ValueError):  # decoded or not, by SDK
+                raw = base64.b64decode(raw, validate=True).decode()
+            head, _, number = raw.rpartition("-")
+            if head == upload_id and number.isdigit():
+                found.append(Part(int(number), int(block.size)))
+        return sorted(found, key=lambda p: p.number)
 
     def complete_multipart(
         self,

@@ -165,6 +165,19 @@ class MultipartUpload:
 
 
 @dataclass(frozen=True)
+class Part:
+    """A part of an unfinished multipart upload that the bucket holds: its number
+    (1-based), size and ETag (as the part's PUT answered it; None where the backend keeps
+    none for a part, as Azure's blocks), and its CRC32 (base64) where the bucket checked
+    one (S3 with part checksums)."""
+
+    number: int
+    size: int
+    etag: str | None = None
+    crc32: str | None = None
+
+
+@dataclass(frozen=True)
 class ObjectStat:
     """What the bucket says about an object. Checksums are given where the backend keeps
     them for this object: ``md5`` as hex, ``crc32c`` base64 (big-endian), as GCS shows it;
@@ -259,6 +272,24 @@ class Bucket(Protocol):
 
     def abort_multipart(self, key: str, upload: MultipartUpload | str) -> None:
         """Drop an unfinished upload's parts (only those; never an object of the user's)."""
+        ...
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        """The parts of an unfinished upload the bucket holds now, by number."""
+        ...
+
+    def presign_parts(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        numbers: Sequence[int],
+        *,
+        expires: int,
+        crc32: Sequence[str] | None = None,
+    ) -> tuple[SignedRequest, ...]:
+        """Fresh upload requests for parts ``numbers`` (1-based) of an upload begun by
+        ``start_multipart``, the same as it signed: a long write re-signs the parts it
+        has still to send. ``crc32``: every part's, as given to ``start_multipart``."""
         ...
 
     def presign_get(self, key: str, *, expires: int) -> SignedRequest:

@@ -44,6 +44,7 @@ from o41.storage.base import (
     Ensured,
     MultipartUpload,
     ObjectStat,
+    Part,
     Reason,
     SetupFailed,
     SignedRequest,
@@ -331,15 +332,48 @@ class GcsBucket:
         at = expires_at(expires)
         upload_id = secrets.token_hex(8)
         requests_ = tuple(
-            SignedRequest(
-                "PUT",
-                self._sign(part_name(key, upload_id, n), "PUT", expires, content_type=OCTET_STREAM),
-                {"Content-Type": OCTET_STREAM},
-                at,
-            )
-            for n in range(1, parts + 1)
+            self._part_request(key, upload_id, n, expires, at) for n in range(1, parts + 1)
         )
         return MultipartUpload(key=key, upload_id=upload_id, parts=requests_)
+
+    def _part_request(
+        self, key: str, upload_id: str, n: int, expires: int, at: dt.datetime
+    ) -> SignedRequest:
+        url = self._sign(part_name(key, upload_id, n), "PUT", expires, content_type=OCTET_STREAM)
+        return SignedRequest("PUT", url, {"Content-Type": OCTET_STREAM}, at)
+
+    def presign_parts(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        numbers: Sequence[int],
+        *,
+        expires: int,
+        crc32: Sequence[str] | None = None,
+    ) -> tuple[SignedRequest, ...]:
+        check_key(key)
+        upload_id = self._upload_id(upload)
+        for n in numbers:
+            check_parts(n)
+        at = expires_at(expires)
+        return tuple(self._part_request(key, upload_id, n, expires, at) for n in numbers)
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        """The upload's part objects (``<key>.o41part-<id>-<n>``); their ETag is the
+        MD5 of the part in hex, quoted, as the XML API's PUT answers it."""
+        check_key(key)
+        prefix = part_name(key, self._upload_id(upload), 0)[:-5]
+        with self._failing("listing the parts in", cls=StorageError):
+            blobs = list(
+                self._client.list_blobs(self._bucket, prefix=prefix, timeout=_TIMEOUT, retry=_RETRY)
+            )
+        found = []
+        for b in blobs:
+            tail = b.name[len(prefix) :]
+            if len(tail) == 5 and tail.isdigit():  # not an intermediate composite
+                md5 = base64.b64decode(b.md5_hash).hex() if b.md5_hash else None
+                found.append(Part(int(tail), int(b.size), f'"{md5}"' if md5 else None))
+        return sorted(found, key=lambda p: p.number)
 
     def complete_multipart(
         self,

@@ -10,6 +10,7 @@ endpoint decides where the bucket lives, so ``ensure`` cannot check the region t
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +34,7 @@ from o41.storage.base import (
     Ensured,
     MultipartUpload,
     ObjectStat,
+    Part,
     Reason,
     SetupFailed,
     SignedRequest,
@@ -501,15 +503,64 @@ class S3Bucket:
                 Bucket=self.ref.bucket, Key=key, ContentType=OCTET_STREAM, **extra
             )
         upload_id = str(started["UploadId"])
-        requests = []
-        for n in range(1, parts + 1):
-            headers = {"Content-Type": OCTET_STREAM}
-            if crc32 is not None:
-                headers[CRC32_HEADER] = crc32[n - 1]
-            params = {"partNumber": str(n), "uploadId": upload_id}
-            url = self._presign_object("PUT", key, headers, expires, params)
-            requests.append(SignedRequest("PUT", url, headers, at))
-        return MultipartUpload(key=key, upload_id=upload_id, parts=tuple(requests))
+        requests = tuple(
+            self._part_request(key, upload_id, n, expires, at, crc32) for n in range(1, parts + 1)
+        )
+        return MultipartUpload(key=key, upload_id=upload_id, parts=requests)
+
+    def _part_request(
+        self,
+        key: str,
+        upload_id: str,
+        n: int,
+        expires: int,
+        at: dt.datetime,
+        crc32: Sequence[str] | None,
+    ) -> SignedRequest:
+        headers = {"Content-Type": OCTET_STREAM}
+        if crc32 is not None:
+            headers[CRC32_HEADER] = crc32[n - 1]
+        params = {"partNumber": str(n), "uploadId": upload_id}
+        url = self._presign_object("PUT", key, headers, expires, params)
+        return SignedRequest("PUT", url, headers, at)
+
+    def presign_parts(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        numbers: Sequence[int],
+        *,
+        expires: int,
+        crc32: Sequence[str] | None = None,
+    ) -> tuple[SignedRequest, ...]:
+        check_key(key)
+        for n in numbers:
+            check_parts(n)
+        crc32 = crc32 if self._part_checksums else None
+        at = expires_at(expires)
+        upload_id = upload_id_of(upload)
+        return tuple(self._part_request(key, upload_id, n, expires, at, crc32) for n in numbers)
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        """ListParts, every page: what S3 holds of the upload now."""
+        check_key(key)
+        found: list[Part] = []
+        marker = 0
+        while True:
+            with self._failing("listing the parts of an upload to", cls=StorageError):
+                page = self._client.list_parts(
+                    Bucket=self.ref.bucket,
+                    Key=key,
+                    UploadId=upload_id_of(upload),
+                    PartNumberMarker=marker,
+                )
+            found += [
+                Part(int(p["PartNumber"]), int(p["Size"]), p.get("ETag"), p.get("ChecksumCRC32"))
+                for p in page.get("Parts", [])
+            ]
+            if not page.get("IsTruncated"):
+                return found
+            marker = int(page["NextPartNumberMarker"])
 
     def complete_multipart(
         self,

@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
 from o41.core.usage import DEFAULT_WINDOW, WINDOWS
-from o41.webhook.placement import BeginIn, CommitIn, TagIn
+from o41.webhook.placement import BeginIn, CommitIn, PartsIn, TagIn
 
 REF = "#/components/schemas/{model}"
 
@@ -59,6 +59,39 @@ class BeginOut(Out):
     rule: Literal["region", "cloud", "fallback"]
     warning: str | None
     upload: Upload
+    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
+
+
+class PresentPart(Out):
+    number: int
+    size: int
+    etag: str | None = Field(description="As the part's PUT answered it; null on Azure.")
+    crc32: str | None = Field(description="The part's CRC32 where the bucket checked one.")
+
+
+class ProgressOut(Out):
+    """A pending write and the parts its bucket holds: a resume sends only the others."""
+
+    version: str
+    organization: str
+    artifact: str
+    location: str
+    rule: str
+    size: int | None
+    multipart: bool
+    part_size: int | None = Field(alias="partSize")
+    parts: int = Field(description="How many parts the write has in all.")
+    present: list[PresentPart]
+    expires_in: int = Field(alias="expiresIn", description="Seconds left to commit it.")
+
+
+class SignedPart(Signed):
+    number: int
+
+
+class PartsOut(Out):
+    version: str
+    parts: list[SignedPart]
     expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
 
 
@@ -205,9 +238,12 @@ class Health(Out):
 _MODELS: list[type[BaseModel]] = [
     BeginIn,
     CommitIn,
+    PartsIn,
     TagIn,
     Error,
     BeginOut,
+    ProgressOut,
+    PartsOut,
     CommitOut,
     ReadOut,
     VersionsOut,
@@ -332,6 +368,25 @@ def document() -> dict[str, Any]:
                     "summary": "Begin a write: choose the location, get pre-signed uploads",
                     "requestBody": _body(BeginIn),
                     "responses": _answers(201, BeginOut, "the version and its uploads"),
+                }
+            },
+            "/v1/writes/{version}": {
+                "get": {
+                    "operationId": "progress",
+                    "summary": "A pending write and the parts its bucket holds already "
+                    "(to resume it); another namespace's write is a 404",
+                    "parameters": _path("version"),
+                    "responses": _answers(200, ProgressOut, "the write and its parts"),
+                }
+            },
+            "/v1/writes/{version}/parts": {
+                "post": {
+                    "operationId": "signParts",
+                    "summary": "Sign the uploads of some parts of a pending multipart "
+                    "write again (a resume, or a long write whose URLs expire)",
+                    "parameters": _path("version"),
+                    "requestBody": _body(PartsIn),
+                    "responses": _answers(200, PartsOut, "fresh upload requests"),
                 }
             },
             "/v1/writes/{version}/commit": {

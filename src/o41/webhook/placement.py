@@ -19,9 +19,9 @@ from o41.webhook.auth import caller
 from o41.webhook.errors import problem
 from o41.webhook.scope import Model
 from o41.webhook.versions import TagIn
-from o41.webhook.writes import BeginIn, CommitIn, PlaceIn
+from o41.webhook.writes import BeginIn, CommitIn, PartsIn, PlaceIn
 
-__all__ = ["BeginIn", "CommitIn", "PlaceIn", "TagIn", "parse", "routes"]
+__all__ = ["BeginIn", "CommitIn", "PartsIn", "PlaceIn", "TagIn", "parse", "routes"]
 
 routes = web.RouteTableDef()
 
@@ -61,6 +61,23 @@ async def begin(request: web.Request) -> web.Response:
     body: BeginIn = await parse(request, BeginIn)
     began = await writes.begin(request.app, caller(request).namespace, body)
     return web.json_response(began, status=201)
+
+
+@routes.get("/v1/writes/{version}")
+async def progress(request: web.Request) -> web.Response:
+    """A pending write and the parts its bucket holds: what a resume need not send."""
+    version = request.match_info["version"]
+    return web.json_response(await writes.progress(request.app, caller(request).namespace, version))
+
+
+@routes.post("/v1/writes/{version}/parts")
+async def resign(request: web.Request) -> web.Response:
+    """Sign the upload of some parts of a pending multipart write again."""
+    body: PartsIn = await parse(request, PartsIn)
+    version = request.match_info["version"]
+    return web.json_response(
+        await writes.resign(request.app, caller(request).namespace, version, body)
+    )
 
 
 @routes.post("/v1/writes/{version}/commit")

@@ -112,6 +112,7 @@ class Pending:
     crc32: list[str] | None = None  # each part's, when the client sent them
     metadata: dict[str, Any] | None = None  # the user's, checked at begin
     tag: str | None = None  # moved to this version at commit
+    part_size: int | None = None  # of a multipart write: a resume cuts the file the same
 
     def dump(self) -> bytes:
         return _dump(self)

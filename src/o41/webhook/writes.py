@@ -113,6 +113,14 @@ class BeginIn(Model):
     )
 
 
+class PartsIn(Model):
+    parts: list[int] = Field(
+        min_length=1,
+        max_length=MAX_PARTS,
+        description="The numbers (1-based) of the parts to sign again",
+    )
+
+
 class CommitIn(Model):
     etags: list[str] = Field(default_factory=list, max_length=MAX_PARTS)
     md5: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
@@ -289,6 +297,7 @@ async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str
         crc32=body.crc32,
         metadata=metadata,
         tag=tag,
+        part_size=plan.part_size,
     )
     await put_pending(app, version, pending.dump())
     app[USAGE].add(
@@ -307,6 +316,96 @@ async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str
         "warning": chosen.warning,
         "upload": requests,
         "expiresIn": UPLOAD_EXPIRES,
+    }
+
+
+async def pending_of(app: web.Application, namespace: str, version: str) -> Pending:
+    """The caller's pending write ``version``: a write of another namespace is answered
+    as one that does not exist, so its id tells nothing."""
+    found = await app[STORE].get(pending_key(version))
+    pending = None if found is None else Pending.load(found.value)
+    if pending is None or pending.namespace != namespace:
+        raise problem(
+            404,
+            f"no write {version!r} of this namespace is waiting for its commit: it expired, "
+            "was committed already, or never began; begin again",
+        )
+    return pending
+
+
+def resign_expires(pending: Pending) -> int:
+    """Re-signed URLs last no longer than the pending write they upload to."""
+    left = int(pending.began + PENDING_TTL - time.time())
+    if left < 1:
+        raise problem(404, f"write {pending.version!r} expired; begin again")
+    return min(UPLOAD_EXPIRES, left)
+
+
+async def progress(app: web.Application, namespace: str, version: str) -> dict[str, Any]:
+    """A pending write and the parts its bucket holds already: what a resume skips."""
+    pending = await pending_of(app, namespace, version)
+    present: list[dict[str, Any]] = []
+    if pending.upload_id is not None:
+        location = app[VIEW].locations.get(pending.location)
+        if location is None:
+            raise problem(409, f"location {pending.location!r} is gone; begin again")
+        opened = await bucket_for(app, location)
+        upload_id = pending.upload_id
+        held = await opened.call(
+            location.name, lambda: opened.bucket.list_parts(pending.key, upload_id)
+        )
+        present = [
+            {"number": p.number, "size": p.size, "etag": p.etag, "crc32": p.crc32}
+            for p in held
+            if 1 <= p.number <= pending.parts
+        ]
+    return {
+        "version": version,
+        "organization": pending.organization,
+        "artifact": pending.artifact,
+        "location": pending.location,
+        "rule": pending.rule,
+        "size": pending.size,
+        "multipart": pending.upload_id is not None,
+        "partSize": pending.part_size,
+        "parts": pending.parts,
+        "present": present,
+        "expiresIn": max(0, int(pending.began + PENDING_TTL - time.time())),
+    }
+
+
+async def resign(
+    app: web.Application, namespace: str, version: str, body: PartsIn
+) -> dict[str, Any]:
+    """Fresh upload requests for some parts of a pending multipart write."""
+    pending = await pending_of(app, namespace, version)
+    if pending.upload_id is None:
+        raise WriteRefused(
+            f"write {version!r} is one PUT, not parts: begin again to upload it again"
+        )
+    numbers = body.parts
+    if wrong := [n for n in numbers if not 1 <= n <= pending.parts]:
+        raise WriteRefused(
+            f"write {version!r} has parts 1..{pending.parts}; part {wrong[0]} is not one of them"
+        )
+    if len(set(numbers)) != len(numbers):
+        raise WriteRefused("parts names a part twice: name each once")
+    expires = resign_expires(pending)
+    location = app[VIEW].locations.get(pending.location)
+    if location is None:
+        raise problem(409, f"location {pending.location!r} is gone; begin again")
+    opened = await bucket_for(app, location)
+    upload_id = pending.upload_id
+    requests = await opened.sign(
+        location.name,
+        lambda: opened.bucket.presign_parts(
+            pending.key, upload_id, numbers, expires=expires, crc32=pending.crc32
+        ),
+    )
+    return {
+        "version": version,
+        "parts": [{"number": n, **signed(r)} for n, r in zip(numbers, requests, strict=True)],
+        "expiresIn": expires,
     }
 
 
