@@ -368,6 +368,12 @@ async def sign_in_post(request: web.Request) -> web.Response:
     token = str(form.get("token", "")).strip()
     if not token or await _caller(request, token) is None:
         return _html(sign_in(query, rejected=True), status=401)
+    return _signed_in(target, token, secure=request.secure)
+
+
+def _signed_in(target: str, token: str, *, secure: bool) -> web.Response:
+    """Go to ``target``, keeping the checked token in the page's own cookie (HTTP only,
+    same site, an hour: a `kubectl create token` lasts that long by default)."""
     response = _see_other(target)
     response.set_cookie(
         COOKIE,
@@ -376,7 +382,7 @@ async def sign_in_post(request: web.Request) -> web.Response:
         path="/usage",
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=secure,
     )
     return response
 
