@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from o41 import __version__
@@ -207,3 +208,32 @@ async def o41_python(
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def test_a_write_begun_and_half_uploaded_is_finished_with_resume(
+    service: Service, tmp_path: Path
+) -> None:
+    """`o41 write --resume VERSION` sends only the parts the bucket lacks, then commits."""
+    part = 8 * 1024 * 1024
+    data = os.urandom(part + 1000)
+    place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+    body = {"organization": ORG, "artifact": "half", "size": len(data), "place": place}
+    status, began = await service.api("POST", "/v1/writes", {**body, "partSize": part})
+    assert status == 201, began
+    first = began["upload"]["multipart"]["parts"][0]
+    async with aiohttp.ClientSession() as s, s.put(first["url"], data=data[:part]) as r:
+        assert r.status == 200  # the pod that began it sent part 1, then died
+    f = tmp_path / "half"
+    f.write_bytes(data)
+    art = ["--org", ORG, "--artifact", "half"]
+    code, out, err = await o41(
+        service, "write", *art, str(f), "--resume", began["version"], "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["version"] == began["version"]
+    key = f"/bucket-east/half/{began['version']}"
+    assert sorted(service.storage.puts) == [f"{key} 1", f"{key} 2"]  # part 1 once
+    back = tmp_path / "back"
+    code, _, err = await o41(service, "read", *art, "--version", "latest", "--output", str(back))
+    assert code == 0, err
+    assert back.read_bytes() == data

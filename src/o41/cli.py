@@ -117,7 +117,12 @@ def _write(args: argparse.Namespace) -> int:
         return _fail(args, e)
     try:
         written = _artifacts(args).write(
-            args.org, args.artifact, args.file, metadata=metadata, tag=args.tag
+            args.org,
+            args.artifact,
+            args.file,
+            metadata=metadata,
+            tag=args.tag,
+            resume=args.resume,
         )
     except _errors() as e:
         return _fail(args, e)
@@ -305,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         "step=3 is a number); at most 64 keys, 8 KiB",
     )
     write.add_argument("--tag", help="move this tag to the new version when it commits")
+    write.add_argument(
+        "--resume",
+        metavar="VERSION",
+        help="finish the write of VERSION (begun earlier, still within its pending lease: "
+        "~70 min) from the same FILE: only the parts its bucket lacks are sent",
+    )
     write.set_defaults(handler=_write)
 
     read = sub.add_parser("read", help="read a version of an artifact into a file")
