@@ -18,6 +18,7 @@ from o41.core.parts import PART_SIZE
 from o41.state import Store, WatchEvent
 from o41.state.memory import MemoryStore
 from o41.webhook import sweeper, writes
+from o41.webhook.keys import SWEEPER
 from test_state_store import next_event
 from test_writes import ORG, Service, serve, usage_of
 
@@ -50,6 +51,12 @@ async def begin_multipart(service: Service, artifact: str, parts_sent: int) -> d
             async with s.put(part["url"], data=b"p" * PART_SIZE, headers=part["headers"]) as r:
                 assert r.status == 200
     return dict(began)
+
+
+def decided(service: Service) -> int:
+    """How many pending deletes the service's sweeper has decided on."""
+    assert service.app is not None
+    return service.app[SWEEPER].seen
 
 
 async def until(condition: object, seconds: float = 10) -> None:
@@ -98,7 +105,7 @@ async def test_a_committed_write_is_not_aborted(
     path = tmp_path / "big"
     path.write_bytes(data)
     written = await asyncio.to_thread(service.client("aws", "us-east-1").write, ORG, "kept", path)
-    await asyncio.sleep(0.5)  # the sweeper saw the commit's delete by now
+    await until(lambda: decided(service) >= 1)  # the commit's delete
     assert service.storage.aborted == []
     out = tmp_path / "back"
     await asyncio.to_thread(
@@ -113,7 +120,7 @@ async def test_a_single_put_write_that_expires_aborts_nothing(service: Service) 
     body = {"organization": ORG, "artifact": "small", "size": 5, "place": PLACE}
     status, began = await service.api("POST", "/v1/writes", body)
     assert status == 201 and "single" in began["upload"]
-    await asyncio.sleep(2.5)
+    await until(lambda: decided(service) >= 1)  # its lease expired, the record went
     assert service.storage.aborted == []
 
 
@@ -123,8 +130,7 @@ async def test_two_replicas_sweep_a_write_once(tmp_path: Path) -> None:
     store = MemoryStore()
     async with _two_services(tmp_path, store) as (one, two):
         await begin_multipart(one, "twice", parts_sent=1)
-        await until(lambda: one.storage.aborted or two.storage.aborted)
-        await asyncio.sleep(0.5)  # the other replica saw it too by now
+        await until(lambda: decided(one) >= 1 and decided(two) >= 1)  # both saw it
         assert len(one.storage.aborted) + len(two.storage.aborted) == 1
         counted = await usage_of(one, "abandoned")
         assert sum(r["counts"]["aborted"] for r in counted) == 1
@@ -155,14 +161,15 @@ async def test_a_watch_with_prev_kv_gives_what_a_delete_removed() -> None:
 
 
 async def prev_kv_events(store: Store, p: bytes) -> None:
-    with_prev = store.watch(p, prev_kv=True)
-    without = store.watch(p)
-    deletes = store.watch(p, prev_kv=True, deletes_only=True)
+    # from a revision on: each watch sees what came after it, however late it starts
+    since = await store.put(p.rstrip(b"/") + b"-marker", b"") + 1
+    with_prev = store.watch(p, start_revision=since, prev_kv=True)
+    without = store.watch(p, start_revision=since)
+    deletes = store.watch(p, start_revision=since, prev_kv=True, deletes_only=True)
     only = asyncio.ensure_future(next_event(deletes))
     lease = await store.lease_grant(1)
     first = asyncio.ensure_future(next_event(with_prev))
     plain = asyncio.ensure_future(next_event(without))
-    await asyncio.sleep(0.05)
     await store.put(p + b"a", b"record", lease=lease)
     put: WatchEvent = await first
     assert (put.kind, put.prev) == ("put", None)
@@ -187,6 +194,6 @@ async def test_a_lease_lost_young_is_left_to_the_buckets_rule(tmp_path: Path) ->
         await begin_multipart(service, "young", parts_sent=1)
         lease = next(iter(store._leases))  # the pending writes' lease of this minute
         await store.lease_revoke(lease)  # etcd deletes a lost lease's keys the same way
-        await asyncio.sleep(0.5)
+        await until(lambda s=service: decided(s) >= 1)
         assert service.storage.aborted == []
         assert await usage_of(service, "abandoned") == []

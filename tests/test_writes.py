@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from o41.client.artifacts import Artifacts
@@ -57,6 +58,7 @@ class Service:
     url: str
     storage: Storage
     token: Path
+    app: web.Application | None = None
 
     def client(self, cloud: str | None, region: str | None) -> Artifacts:
         place = Place(cloud, region, "env" if cloud else "none")
@@ -100,7 +102,7 @@ async def serve(
     token = tmp_path / "token"
     token.write_text("token-team-a")
     try:
-        yield Service(str(server.make_url("")).rstrip("/"), storage, token)
+        yield Service(str(server.make_url("")).rstrip("/"), storage, token, app)
     finally:
         await server.close()
         await bucket_server.close()

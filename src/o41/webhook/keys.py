@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from o41.webhook.collections import Collections
     from o41.webhook.counts import VersionCounts
     from o41.webhook.settings import Settings
+    from o41.webhook.sweeper import Sweeper
     from o41.webhook.usage import Usage
     from o41.webhook.view import Credentials, View
     from o41.webhook.writes import Buckets, PendingLease
@@ -35,3 +36,4 @@ COUNTS: web.AppKey[VersionCounts] = web.AppKey("counts")
 PRICES: web.AppKey[PriceTable] = web.AppKey("prices")
 REVIEWER: web.AppKey[TokenReviewer] = web.AppKey("usage_reviewer")
 COLLECTIONS: web.AppKey[Collections] = web.AppKey("collections")
+SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper")

@@ -39,7 +39,7 @@ from aiohttp import web
 from o41.state import Compare, KeyValue, LeaseNotFound, Put, StoreUnavailable
 from o41.webhook import writes
 from o41.webhook.errors import LocationFailed
-from o41.webhook.keys import LEASES, STORE, USAGE, VIEW
+from o41.webhook.keys import LEASES, STORE, SWEEPER, USAGE, VIEW
 from o41.webhook.records import PREFIX, Pending, version_key
 from o41.webhook.writes import bucket_for
 
@@ -62,6 +62,7 @@ class Sweeper:
     def __init__(self, app: web.Application) -> None:
         self._app = app
         self.swept = 0  # uploads this replica aborted (tests, logs)
+        self.seen = 0  # pending deletes it has decided on (a commit, an expiry, another's)
 
     async def run(self) -> None:
         store = self._app[STORE]
@@ -76,6 +77,7 @@ class Sweeper:
                     start = event.kv.mod_revision + 1
                     if event.kind == "delete" and event.prev is not None:
                         await self.sweep(event.prev)
+                        self.seen += 1
             except StoreUnavailable as e:
                 failures += 1
                 if failures >= FRESH_AFTER:
@@ -165,9 +167,6 @@ class Sweeper:
                 continue
             return result.succeeded
         return False
-
-
-SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper")
 
 
 async def sweeping(app: web.Application) -> AsyncIterator[None]:
