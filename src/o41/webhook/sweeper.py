@@ -120,7 +120,7 @@ class Sweeper:
                 pending.location,
             )
         else:
-            dims |= {"locationCloud": location.cloud, "locationRegion": location.region}
+            dims = writes.location_dims(location)
             try:
                 opened = await bucket_for(app, location)
                 await opened.call(

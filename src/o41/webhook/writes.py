@@ -214,6 +214,15 @@ async def bucket_for(app: web.Application, location: Location) -> OpenBucket:
     return app[BUCKETS].of(location, await app[SECRETS].credentials(location))
 
 
+def location_dims(location: Location) -> dict[str, str | None]:
+    """Where a usage counter's bytes are stored: its location and that location's place."""
+    return {
+        "location": location.name,
+        "locationCloud": location.cloud,
+        "locationRegion": location.region,
+    }
+
+
 def signed(req: SignedRequest) -> dict[str, Any]:
     return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
 
@@ -473,9 +482,7 @@ async def commit(
                 "region": pending.region,
                 "source": pending.source,
                 "rule": pending.rule,
-                "location": location.name,
-                "locationCloud": location.cloud,
-                "locationRegion": location.region,
+                **location_dims(location),
             },
             versions=1,
             bytes=held.size,
@@ -569,9 +576,7 @@ async def read(
         {
             **reader.as_json(),
             "locality": str(how_far),
-            "location": location.name,
-            "locationCloud": location.cloud,
-            "locationRegion": location.region,
+            **location_dims(location),
             **{"writerCloud": record.cloud, "writerRegion": record.region},
         },
         reads=1,
