@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.etcd, pytest.mark.stores]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def testbed(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_testbed(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "o41.testbed", *args],
         cwd=REPO,
@@ -31,7 +31,7 @@ def testbed(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def test_demo_shows_every_headline_feature() -> None:
-    done = testbed("demo", timeout=900)
+    done = run_testbed("demo", timeout=900)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
     # placement: the rules, with the writers' places said to be the demo's, not detected
@@ -70,7 +70,7 @@ def test_demo_shows_every_headline_feature() -> None:
 
 def test_dev_up_examples_become_ready_and_dev_down_removes_env(tmp_path: Path) -> None:
     directory = tmp_path / "dev"
-    up = testbed("up", "--dir", str(directory), timeout=600)
+    up = run_testbed("up", "--dir", str(directory), timeout=600)
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         examples = directory / "examples.yaml"
@@ -100,7 +100,7 @@ def test_dev_up_examples_become_ready_and_dev_down_removes_env(tmp_path: Path) -
         org = json.loads(kubectl(kubeconfig, "get", "organization/ml", "-o", "json"))
         assert org["status"]["fallback"] == "aws-us-east-1"
     finally:
-        down = testbed("down", "--dir", str(directory), timeout=120)
+        down = run_testbed("down", "--dir", str(directory), timeout=120)
     assert down.returncode == 0, down.stderr
     assert "stopped" in down.stdout
     assert not (directory / "env").exists()
