@@ -90,8 +90,11 @@ def component(name: str) -> str:
 
 
 def kube_score(manifest: Path) -> set[Finding]:
+    binary = bin_dir() / "kube-score"
+    if not binary.exists():
+        pytest.fail("kube-score is not built: run `hack/testbed-bin.sh kube-score`")
     done = subprocess.run(
-        [str(bin_dir() / "kube-score"), "score", str(manifest), "--output-format", "json"],
+        [str(binary), "score", str(manifest), "--output-format", "json"],
         capture_output=True,
         text=True,
         timeout=120,
