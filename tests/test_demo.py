@@ -58,7 +58,9 @@ def test_demo_shows_every_headline_feature() -> None:
     assert "lookup(200) = {'step': 200, 'loss': 0.005}" in out
     assert "counter 'processed' = 80, 3 checkpoints written one at a time" in out
     # the usage page: its URL and both answers
-    assert re.search(r"http://127\.0\.0\.1:\d+/usage\?organization=ml", out)
+    assert re.search(
+        r"http://127\.0\.0\.1:\d+/usage\?organization=ml   \(answers 200, text/html\)", out
+    )
     assert "1. which places write to the fallback or another region:" in out
     assert "2. bytes that cross clouds on reads:" in out
     usage = out[out.index("== the usage page") :]

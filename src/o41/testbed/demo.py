@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +254,17 @@ def _usage(endpoint: str, token_file: Path) -> None:
 
     say("the usage page: where a new location pays, and what crosses clouds")
     url = f"{endpoint}/usage?{urllib.parse.urlencode({'organization': ORG})}"
-    print(f"  {url}   (while the demo runs; it asks for a token of namespace {TEAM})")
+    token = token_file.read_text().strip()
+    asked = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
+    with urllib.request.urlopen(asked, timeout=10) as page:  # noqa: S310 - loopback
+        html = page.read()
+        print(f"  {url}   (answers {page.status}, {page.headers.get_content_type()})")
+    if f"<h1>Usage of {ORG}</h1>".encode() not in html:
+        raise SystemExit(f"the usage page is not {ORG}'s")
+    print(
+        f"  (open while the demo runs, with a token of namespace {TEAM}; `make dev-up` keeps"
+        " one up: $O41_ARTIFACTS_ENDPOINT/usage)"
+    )
     client = Artifacts(endpoint, str(token_file), Place(None, None, "none"))
     report = client.call("GET", f"/v1/usage?{urllib.parse.urlencode({'organization': ORG})}")
     print(f"  1. which places write to the fallback or another region: {report['summary']}")
