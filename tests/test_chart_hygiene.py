@@ -86,8 +86,14 @@ def rendered(tmp_path: Path, *sets: str) -> Path:
 
 
 def component(name: str) -> str:
-    assert name.startswith(PREFIX), name
+    """The table's name of an object: operator, placement, etcd (or the whole name)."""
     return name.removeprefix(PREFIX)
+
+
+def checkov_object(resource: str) -> str:
+    """checkov names a resource Kind.namespace.name, or Kind.name when cluster-scoped."""
+    rest = resource.split(".", 1)[1]
+    return component(rest.removeprefix(f"{NAMESPACE}."))
 
 
 def kube_score(manifest: Path) -> set[Finding]:
@@ -182,7 +188,7 @@ def checkov(manifest: Path, tmp_path: Path, *extra: str) -> tuple[set[Finding], 
     assert report["summary"]["parsing_errors"] == 0, report["summary"]
     assert report["summary"]["resource_count"] > 10, report["summary"]
     found = {
-        ("checkov", f["check_id"], component(f["resource"].split(".")[-1]), f["check_name"])
+        ("checkov", f["check_id"], checkov_object(f["resource"]), f["check_name"])
         for f in report["results"]["failed_checks"]
     }
     return found, net_log.read_text().splitlines()
