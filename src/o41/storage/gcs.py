@@ -446,6 +446,12 @@ class GcsBucket:
             with self._failing("deleting a part in", cls=StorageError, unless=gone):
                 bucket.blob(name).delete(timeout=_TIMEOUT, retry=_RETRY)
 
+    def delete(self, key: str) -> None:
+        """Delete the object; one already gone (404) is done. Idempotent."""
+        check_key(key)
+        with self._failing("deleting an object of", cls=StorageError, unless=(gex.NotFound,)):
+            self._bucket.blob(key).delete(timeout=_TIMEOUT, retry=_RETRY)
+
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
         with self._failing("reading an object of", cls=StorageError):
