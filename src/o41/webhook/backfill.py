@@ -60,6 +60,7 @@ async def backfill(store: Store) -> int:
         return 0
     indexed, start = 0, b""
     newest: dict[tuple[str, str], Version] = {}
+    banded: dict[tuple[str, str], set[bytes]] = {}  # each artifact's legacy keys, read once
     while True:
         page = await store.range(VERSIONS, limit=PAGE, start=start)
         for kv in page:
@@ -72,14 +73,21 @@ async def backfill(store: Store) -> int:
                 continue
             org, artifact = record.organization, record.artifact
             key = index_prefix(org, artifact) + legacy_suffix(record).encode()
+            held = banded.get((org, artifact))
+            if held is None:
+                band = index_prefix(org, artifact) + LEGACY.encode()
+                found = await store.range(index_prefix(org, artifact), start=band)
+                held = banded[(org, artifact)] = {kv.key for kv in found}
+            best = newest.get((org, artifact))
+            if best is None or record.committed > best.committed:
+                newest[(org, artifact)] = record
+            if key in held:
+                continue  # indexed by an earlier start: no transaction
             result = await store.txn(
                 [Compare(kv.key, "mod", "==", kv.mod_revision), Compare(key, "version", "==", 0)],
                 [Put(key, kv.value)],
             )
             indexed += int(result.succeeded)
-            best = newest.get((org, artifact))
-            if best is None or record.committed > best.committed:
-                newest[(org, artifact)] = record
         if len(page) < PAGE:
             break
         start = page[-1].key + b"\0"
