@@ -15,6 +15,7 @@ client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -338,3 +339,52 @@ async def _bucket(w: World, location: str) -> str:
     if location not in w.buckets:  # opened on first use: a write opens it
         await w.write("warm", b"x", EAST)
     return w.buckets[location]
+
+
+async def test_tags_moved_while_passes_run_never_point_at_a_deleted_version(
+    world: World,
+) -> None:
+    """Tag moves onto old versions race retention passes on etcd (every step a round
+    trip, so they interleave): every move that won still reads, every version deleted had
+    no tag that won, and the ones kept are exactly the newest, ``latest`` and the tagged."""
+    w = world
+    set_rules(w.app, [])
+    versions = [await w.write("ckpt-race", f"r {n}".encode(), EAST) for n in range(12)]
+    set_rules(w.app, [{"artifacts": "ckpt-race", "keepVersions": 2}])
+    retention = w.app[RETENTION]
+    won: dict[str, str] = {}  # tag -> version, for the moves answered 200
+    lost = 0
+
+    async def move(n: int, version: str) -> None:
+        nonlocal lost
+        tag = f"t{n}"
+        status, body = await w.service.api(
+            "PUT",
+            f"/v1/organizations/{ORG}/artifacts/ckpt-race/tags/{tag}",
+            {"version": version, "expected": None},
+        )
+        if status == 200:
+            won[tag] = version
+        else:
+            assert status == 404, body
+            assert "retention" in body["error"] or "no committed version" in body["error"]
+            lost += 1
+
+    async def passes() -> None:
+        for _ in range(3):
+            await retention.apply(ORG, "ckpt-race")
+
+    old = versions[:-2]
+    await asyncio.gather(passes(), *(move(n, v) for n, v in enumerate(old * 2)))
+    await retention.apply(ORG, "ckpt-race")  # settle: a last pass after every move
+
+    for tag, version in won.items():
+        status, answer = await w.read("ckpt-race", tag)
+        assert status == 200 and answer["version"] == version, (tag, answer)
+    tagged = set(won.values())
+    kept = set(await w.listed("ckpt-race"))
+    assert kept == set(versions[-2:]) | tagged
+    objects = w.objects("east")
+    for version in versions:
+        assert (f"ckpt-race/{version}" in objects) == (version in kept)
+    print(f"\n{len(won)} tag moves won, {lost} lost to retention, {len(kept)} versions kept")
