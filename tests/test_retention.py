@@ -8,6 +8,7 @@ them, and those whose abort the bucket took) and what retention deleted, by loca
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from collections.abc import AsyncIterator
@@ -17,7 +18,8 @@ import aiohttp
 import pytest
 
 from o41.core.parts import PART_SIZE
-from o41.webhook.keys import RETENTION, USAGE, VIEW
+from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
+from o41.webhook.records import version_key
 from o41.webhook.view import organization_source
 from test_sweeper import MiB, begin_multipart, short_leases, until
 from test_writes import ORG, Service, serve
@@ -104,4 +106,26 @@ async def test_retention_is_off_without_a_rule(service: Service, tmp_path: Path)
     assert await service.app[RETENTION].apply(ORG, "ckpt") == 0
     status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
     assert status == 200 and len(page["versions"]) == 3
+    assert service.storage.deleted == []
+
+
+async def test_a_directory_version_is_kept_whole(service: Service, tmp_path: Path) -> None:
+    """A directory version (a record with ``files``, as point 3 writes them) has many
+    objects and a manifest that this pass does not delete: it stays whole, never half."""
+    assert service.app is not None
+    client = service.client("aws", "us-east-1")
+    f = tmp_path / "v"
+    written = []
+    for n in range(2):
+        f.write_bytes(b"d" * (n + 1))
+        written.append((await asyncio.to_thread(client.write, ORG, "ckpt", f)).version)
+    store = service.app[STORE]
+    key = version_key(ORG, "ckpt", written[0])
+    found = await store.get(key)
+    assert found is not None
+    await store.put(key, json.dumps({**json.loads(found.value), "files": 2}).encode())
+    rules(service, 1)
+    assert await service.app[RETENTION].apply(ORG, "ckpt") == 0
+    status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
+    assert status == 200 and len(page["versions"]) == 2
     assert service.storage.deleted == []

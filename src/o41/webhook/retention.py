@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -180,6 +181,15 @@ class Retention:
             )
             return 0
         record = Version.load(current.value)
+        if _is_directory(current.value):
+            log.warning(
+                "retention: version %s of %s/%s is a directory, which this release does not "
+                "delete; kept",
+                record.version,
+                organization,
+                artifact,
+            )
+            return 0
         if record.deleting is None:
             marked = replace(record, deleting=time.time())
             result = await store.txn(
@@ -248,6 +258,17 @@ class Retention:
             [Put(vkey, kept), Put(index.key, kept)],
         )
         log.info("retention kept version %s: a tag points at it", version)
+
+
+def _is_directory(raw: bytes) -> bool:
+    """A directory version (issue 17 point 3: many objects under its key, and a manifest
+    record): its files and manifest are not deleted here yet, so it is kept whole rather
+    than half deleted."""
+    try:
+        found = json.loads(raw).get("files")
+    except (ValueError, AttributeError):
+        return False
+    return found is not None
 
 
 async def retaining(app: web.Application) -> AsyncIterator[None]:
