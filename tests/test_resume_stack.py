@@ -121,6 +121,7 @@ def test_a_killed_100_mib_write_resumes_without_sending_its_parts_again(
         said = re.search(r"writing version (\S+) of resumed in parts", err)
         assert said is not None, err  # the id a user resumes with, on stderr
         version = said.group(1)
+        assert f"o41 write --resume {version}" in err
         object_path = proxy.stored[0][0]
         assert object_path.endswith(f"/resumed/{version}")
         assert sorted(n for _, n in proxy.stored) == [1, 2]
