@@ -129,3 +129,23 @@ async def test_a_directory_version_is_kept_whole(service: Service, tmp_path: Pat
     status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
     assert status == 200 and len(page["versions"]) == 2
     assert service.storage.deleted == []
+
+
+async def test_a_rule_added_later_is_found_by_the_periodic_pass(
+    service: Service, tmp_path: Path
+) -> None:
+    """No commit after the rule came: the periodic pass lists the artifacts a rule covers
+    (and only those) and applies it."""
+    assert service.app is not None
+    client = service.client("aws", "us-east-1")
+    f = tmp_path / "v"
+    for artifact in ("ckpt", "ckpt", "ckpt", "model", "model"):
+        f.write_bytes(b"v")
+        await asyncio.to_thread(client.write, ORG, artifact, f)
+    rules(service, 1)
+    retention = service.app[RETENTION]
+    covered = await retention._covered()
+    assert covered == {(ORG, "ckpt")}
+    assert [await retention.apply(*c) for c in covered] == [2]
+    status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/model/versions")
+    assert status == 200 and len(page["versions"]) == 2

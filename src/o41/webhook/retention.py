@@ -87,7 +87,10 @@ class Retention:
             wanted, self._wanted = self._wanted, set()
             if time.monotonic() - last_sweep >= interval:
                 last_sweep = time.monotonic()
-                wanted |= await self._covered()
+                try:
+                    wanted |= await self._covered()
+                except Exception:  # the loop must outlive any one failure
+                    log.exception("retention could not list the covered artifacts")
             for organization, artifact in sorted(wanted):
                 try:
                     await self.apply(organization, artifact)
