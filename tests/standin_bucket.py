@@ -61,6 +61,7 @@ class Storage:
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
+    deleted: list[str] = field(default_factory=list)  # each object deleted, by path
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -198,6 +199,11 @@ class StandInBucket:
         with self._storage.lock:
             held = [(n, p) for (u, n), p in self._storage.parts.items() if u == upload_id]
         return [Part(n, len(p), f'"{hashlib.md5(p).hexdigest()}"') for n, p in sorted(held)]
+
+    def delete(self, key: str) -> None:
+        with self._storage.lock:
+            self._storage.objects.pop(self._path(key), None)
+            self._storage.deleted.append(self._path(key))
 
     def stat(self, key: str) -> ObjectStat | None:
         with self._storage.lock:

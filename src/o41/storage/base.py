@@ -300,6 +300,11 @@ class Bucket(Protocol):
         """Size and checksums of ``key``, or None when there is no such object."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Delete the object ``key`` (a version retention lets go). Idempotent: a key with
+        no object is not an error."""
+        ...
+
 
 # ------------------------------------------------------------------------------- helpers
 

@@ -51,6 +51,7 @@ from o41.webhook.keys import (
     BUCKETS,
     COUNTS,
     LEASES,
+    RETENTION,
     SECRETS,
     STORE,
     USAGE,
@@ -487,6 +488,7 @@ async def commit(
             versions=1,
             bytes=held.size,
         )
+        app[RETENTION].committed(pending.organization, pending.artifact)
     return {
         "version": version,
         "location": location.name,
