@@ -51,7 +51,7 @@ from o41.webhook.keys import USAGE  # noqa: E402
 from o41.webhook.usage import Dims, digest_of, period_prefix  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from capacity import Etcd  # noqa: E402
+from capacity import Etcd  # type: ignore[import-not-found]  # noqa: E402  (bench/ is no package)
 from test_usage_support import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
 
 CLOUDS = {"aws": ["us-east-1", "us-west-2", "eu-west-1"], "gcp": ["us-central1", "europe-west4"]}
