@@ -148,8 +148,13 @@ def test_a_location_shows_its_last_check_and_the_generation_of_its_conditions(
         found: str | None = cluster.get("location", loc).get("status", {}).get("lastChecked")
         return found
 
-    first = wait_for(checked, 30, "the first periodic check")  # every 2 s on the test bed
-    later = wait_for(lambda: (c := checked()) != first and c, 30, "a later check")
+    first: str = wait_for(checked, 30, "the first periodic check")  # every 2 s on the test bed
+
+    def moved() -> str | None:
+        now = checked()
+        return now if now != first else None
+
+    later: str = wait_for(moved, 30, "a later check")
     assert dt.datetime.fromisoformat(later) > dt.datetime.fromisoformat(first)
 
 
