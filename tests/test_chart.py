@@ -267,6 +267,8 @@ def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
         "--webhook-addr", "0.0.0.0", "--webhook-port", "9443",
         "--webhook-cert", "/tls/tls.crt", "--webhook-key", "/tls/tls.key",
         "--liveness", "http://0.0.0.0:8080/healthz",
+        "--readiness", "http://0.0.0.0:8081/readyz",
+        "--log-format", "text",
     ]  # fmt: skip
     env = {e["name"]: e for e in c["env"]}
     assert env["O41_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
@@ -274,10 +276,22 @@ def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
     )
     assert env["MALLOC_ARENA_MAX"]["value"] == "2"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # ready only when its webhook server and its watches are (o41.operator.health)
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ready"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"webhook": 9443, "health": 8080}
+    assert ports == {"webhook": 9443, "health": 8080, "ready": 8081}
     tls = next(v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert tls["secret"]["secretName"] == find(docs, "Secret", "-webhook-tls")["metadata"]["name"]
+
+
+def test_log_format_reaches_both_servers_and_is_checked() -> None:
+    docs = render("logFormat=json")
+    for suffix in ("-operator", "-placement"):
+        args = container(find(docs, "Deployment", suffix))["args"]
+        assert args[args.index("--log-format") + 1] == "json", suffix
+    done = run_helm("template", "o41", str(CHART), "--set", "logFormat=yaml")
+    assert done.returncode != 0
+    assert "logFormat" in done.stderr
 
 
 def test_placement_replicas_probes_args_and_pdb() -> None:
@@ -297,7 +311,7 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
         "python", "-m", "o41.webhook", "--host", "0.0.0.0", "--port", "8080",
         "--metrics-port", "9090", "--etcd", endpoints, "--secrets-namespace", NAMESPACE,
         "--authentication", "tokenreview", "--usage-hourly-days", "14",
-        "--usage-daily-days", "400",
+        "--usage-daily-days", "400", "--log-format", "text",
     ]  # fmt: skip
     pdb = find(docs, "PodDisruptionBudget", "-placement")
     assert pdb["spec"]["maxUnavailable"] == 1

@@ -123,12 +123,14 @@ class Cluster:
         starts = [
             i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")
         ]
-        # "TAKES WRITES" is one column: merge starts that split a two-word header
+        # "TAKES WRITES", "CLOUD DEFAULTS" are one column each: merge the starts that split
+        # a two-word header
         names = header.split()
-        if "TAKES" in names:
-            i = names.index("TAKES")
-            names[i : i + 2] = ["TAKES WRITES"]
-            starts.pop(i + 1)
+        for first, second in (("TAKES", "WRITES"), ("CLOUD", "DEFAULTS")):
+            pairs = [i for i in range(len(names) - 1) if names[i : i + 2] == [first, second]]
+            for i in pairs:
+                names[i : i + 2] = [f"{first} {second}"]
+                starts.pop(i + 1)
         bounds = [*starts[1:], None]
         return {n: row[a:b].strip() for n, a, b in zip(names, starts, bounds, strict=True)}
 

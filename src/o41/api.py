@@ -93,10 +93,22 @@ class S3CompatibleBackend(Model):
 class Backend(Model):
     """Exactly one backend: s3, gcs, azureBlob or s3Compatible."""
 
-    s3: S3Backend | None = None
-    gcs: GcsBackend | None = None
-    azure_blob: AzureBlobBackend | None = None
-    s3_compatible: S3CompatibleBackend | None = None
+    s3: S3Backend | None = Field(
+        default=None, description="A bucket on Amazon S3 in the location's region (cloud aws)."
+    )
+    gcs: GcsBackend | None = Field(
+        default=None,
+        description="A Google Cloud Storage bucket in the location's region (cloud gcp).",
+    )
+    azure_blob: AzureBlobBackend | None = Field(
+        default=None,
+        description="A container in an existing Azure storage account (cloud azure).",
+    )
+    s3_compatible: S3CompatibleBackend | None = Field(
+        default=None,
+        description="A bucket on any S3-compatible endpoint (Nebius, R2, on-prem...), any "
+        "cloud tag.",
+    )
 
     @property
     def kind(self) -> str:
@@ -107,6 +119,8 @@ class Backend(Model):
 
 
 class LocationSpec(Model):
+    """What the user declares: the organization, the cloud and region, the backend."""
+
     organization: str = Field(
         description="The Organization this location belongs to.", pattern=NAME_PATTERN
     )
@@ -146,15 +160,35 @@ class LocationSpec(Model):
 
 
 class Condition(Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str
-    last_transition_time: str
-    observed_generation: int | None = None
+    """One aspect of the object's state, the Kubernetes way (``kubectl wait
+    --for=condition=Ready``)."""
+
+    type: str = Field(description="The condition's type; Ready is the one there is.")
+    status: Literal["True", "False", "Unknown"] = Field(
+        description="True, False or Unknown: whether the condition holds."
+    )
+    reason: str = Field(
+        description="Why, in one CamelCase word (BucketReady, BadCredentials, NoFallback...; "
+        "docs/operator.md lists them)."
+    )
+    message: str = Field(description="Why, in words, and what to do about it.")
+    last_transition_time: str = Field(description="When the status last changed (RFC 3339, UTC).")
+    observed_generation: int | None = Field(
+        default=None,
+        description="The metadata.generation (spec version) the condition was set from.",
+    )
+
+
+CONDITIONS = "The object's conditions (Ready), one per type."
+OBSERVED = (
+    "The metadata.generation (spec version) the operator last acted on: the status is "
+    "current when it equals metadata.generation."
+)
 
 
 class LocationStatus(Model):
+    """What the operator observed (an output: no rule reads it back)."""
+
     bucket: str | None = Field(default=None, description="The bucket the location writes to.")
     endpoint: str | None = Field(default=None, description="The endpoint serving the bucket.")
     role: str | None = Field(
@@ -175,8 +209,13 @@ class LocationStatus(Model):
         description="Committed versions stored here, as the placement service counts them "
         "(copied by the operator from its counts ConfigMap every few seconds).",
     )
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    last_checked: str | None = Field(
+        default=None,
+        description="When the operator's periodic check last reached the bucket (RFC 3339, "
+        "UTC; every O41_LOCATION_CHECK_INTERVAL seconds once the location was Ready).",
+    )
+    observed_generation: int | None = Field(default=None, description=OBSERVED)
+    conditions: list[Condition] = Field(default_factory=list, description=CONDITIONS)
 
 
 class RetentionRule(Model):
@@ -195,6 +234,8 @@ class RetentionRule(Model):
 
 
 class OrganizationSpec(Model):
+    """What the user declares: who may use it, and the picks of fallback and defaults."""
+
     namespaces: list[Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]] = Field(
         default_factory=list,
         description="Namespaces whose pods may use this organization.",
@@ -219,6 +260,8 @@ class OrganizationSpec(Model):
 
 
 class OrganizationStatus(Model):
+    """The fallback and cloud defaults in force, as the operator keeps them."""
+
     fallback: str | None = Field(default=None, description="The fallback in force.")
     cloud_defaults: dict[str, str] = Field(
         default_factory=dict, description="The default location of each cloud in force."
@@ -227,5 +270,5 @@ class OrganizationStatus(Model):
         default=False, description="True once the organization has a Ready fallback."
     )
     locations: int = Field(default=0, description="How many Locations belong to it.")
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = Field(default=None, description=OBSERVED)
+    conditions: list[Condition] = Field(default_factory=list, description=CONDITIONS)

@@ -237,6 +237,19 @@ def _tag(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from o41.status import StatusError, read, render
+
+    try:
+        snapshot = read(args.organization, args.kubeconfig, args.context)
+    except StatusError as e:
+        return _fail(args, e)
+    print("\n".join(render(snapshot, dt.datetime.now(dt.UTC))))
+    return 0
+
+
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="placement service URL (default: $O41_ARTIFACTS_ENDPOINT)"
@@ -358,10 +371,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tag.add_argument("--delete", action="store_true", help="delete the tag")
     tag.set_defaults(handler=_tag)
+
+    status = sub.add_parser(
+        "status",
+        help="an organization at a glance: fallback, defaults, its Locations, warnings",
+        description="Read an Organization, its Locations and their last warning Events "
+        "from the Kubernetes API (the kubeconfig of kubectl: $KUBECONFIG or ~/.kube/config) "
+        "and print them. Also a kubectl plugin: kubectl o41 status ORGANIZATION.",
+    )
+    status.add_argument("organization", metavar="ORGANIZATION", help="the Organization")
+    status.add_argument("--kubeconfig", help="the kubeconfig (default: kubectl's)")
+    status.add_argument("--context", help="the kubeconfig's context (default: its current)")
+    status.set_defaults(handler=_status)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "o41") -> int:
     """Entry point of the ``o41`` console script; returns the exit status."""
     import logging
 
@@ -369,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a write in parts says its version id on stderr: what `--resume` takes after a kill
     logging.getLogger("o41").setLevel(logging.INFO)
     parser = build_parser()
+    parser.prog = prog
     given = sys.argv[1:] if argv is None else list(argv)
     _Parser.json_errors = "--json" in given
     args = parser.parse_args(given)
@@ -377,6 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG
     return handler(args)
+
+
+def kubectl_main() -> int:
+    """Entry point of the ``kubectl-o41`` console script: ``kubectl o41 status ORG`` (kubectl
+    runs a ``kubectl-NAME`` program found on PATH as its plugin ``NAME``)."""
+    return main(prog="kubectl o41")
 
 
 if __name__ == "__main__":

@@ -178,9 +178,12 @@ def _root(spec: Schema, status: Schema) -> Schema:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {
+                "type": "string",
+                "description": f"The versioned schema of this object: {GROUP}/{VERSION}.",
+            },
+            "kind": {"type": "string", "description": "The kind of this object."},
+            "metadata": {"type": "object"},  # the API server's ObjectMeta, described there
             "spec": spec,
             "status": status,
         },
@@ -249,6 +252,7 @@ def location_crd() -> dict[str, Any]:
             {"name": "Retired", "type": "boolean", "jsonPath": ".spec.retired"},
             {"name": "Reason", "type": "string", "jsonPath": f"{READY}.reason", "priority": 1},
             {"name": "Bucket", "type": "string", "jsonPath": ".status.bucket", "priority": 1},
+            {"name": "Checked", "type": "date", "jsonPath": ".status.lastChecked", "priority": 1},
             {"name": "Versions", "type": "integer", "jsonPath": ".status.versions", "priority": 1},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
@@ -265,6 +269,7 @@ def organization_crd() -> dict[str, Any]:
         organization_schema(),
         [
             {"name": "Fallback", "type": "string", "jsonPath": ".status.fallback"},
+            {"name": "Cloud Defaults", "type": "string", "jsonPath": ".status.cloudDefaults"},
             {"name": "Takes Writes", "type": "boolean", "jsonPath": ".status.takesWrites"},
             {"name": "Locations", "type": "integer", "jsonPath": ".status.locations"},
             {"name": "Ready", "type": "string", "jsonPath": f"{READY}.status"},

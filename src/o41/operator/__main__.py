@@ -10,10 +10,44 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
 from typing import Any
 
 import kopf
+
+from o41 import logs
+
+#: kopf's JSON lines with the field names of the placement service's (``o41.logs``).
+JSON_FIELDS = "%(levelname)s %(name)s %(message)s"
+RENAMED = {"levelname": "level", "name": "logger"}
+
+
+class _About(logging.Filter):
+    """A line about a Location or an Organization (kopf's ``k8s_ref``) names it as
+    ``location`` or ``organization``, as the placement service's lines do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = getattr(record, "k8s_ref", None) or {}
+        kind = {"Location": "location", "Organization": "organization"}.get(str(ref.get("kind")))
+        if kind is not None and not hasattr(record, kind):
+            setattr(record, kind, ref.get("name"))
+        return True
+
+
+def configure_logs(log_format: str, verbose: bool) -> None:
+    """kopf's own logging: text with each object's lines prefixed by its [name], or kopf's
+    JSON formatter with the fields of ``o41.logs`` (time, level, logger, message, location,
+    organization) and kopf's ``object`` reference."""
+    if log_format == "text":
+        kopf.configure(verbose=verbose, log_prefix=True)
+        return
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON, log_prefix=False)
+    for handler in logging.getLogger().handlers:
+        kopfs: Any = type(handler.formatter)  # kopf's ObjectJsonFormatter, configured our way
+        handler.setFormatter(kopfs(JSON_FIELDS, rename_fields=RENAMED, timestamp="time"))
+        handler.addFilter(_About())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-webhook", action="store_true", help="run without admission")
     parser.add_argument("--liveness", default="http://127.0.0.1:8080/healthz")
+    parser.add_argument(
+        "--readiness",
+        metavar="URL",
+        help="serve readiness at this http://HOST:PORT/PATH: 200 once the start-up ran, the "
+        "webhook accepts connections and the watches delivered every object (the chart: "
+        "http://0.0.0.0:8081/readyz); default: not served",
+    )
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("O41_LOG_FORMAT") or "text",
+        help="text, or json: kopf's JSON lines with time, level, logger, message and the "
+        "object (location, organization) they are about (default: $O41_LOG_FORMAT or text)",
+    )
     args = parser.parse_args(argv)
+    if args.log_format not in logs.FORMATS:  # from the environment: argparse checks no default
+        parser.error(f"O41_LOG_FORMAT must be text or json, not {args.log_format!r}")
 
     import o41.operator.handlers
 
@@ -46,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=prefix, key="last-handled-configuration"
         )
-        settings.posting.level = logging.WARNING  # our own Events, not kopf's chatter
+        # our own Events only, where Kubernetes puts those of cluster-scoped objects
+        # (o41.operator.events); kopf's would go to the operator's namespace
+        settings.posting.enabled = False
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         if args.no_webhook:
@@ -61,12 +113,35 @@ def main(argv: list[str] | None = None) -> int:
         )
         settings.admission.managed = args.webhook_managed
 
-    # kopf's own formatter: each object's lines start with [name], so logs can be grepped
-    kopf.configure(verbose=args.verbose, log_prefix=True)
+    started = threading.Event()  # kopf sets it once every start-up handler ran
+    if args.readiness:
+        from o41.operator import health
+        from o41.operator.cluster import Cluster, operator_namespace
+
+        webhook = None if args.no_webhook else (args.webhook_addr, args.webhook_port)
+        readiness = health.Readiness(started, webhook, Cluster(operator_namespace()).list_objects)
+
+        @kopf.on.startup()
+        async def serve_readiness(memo: kopf.Memo, **indexes: Any) -> None:
+            seen, organizations = indexes["locations_seen"], indexes["organizations_by_name"]
+            readiness.indexes = {
+                "locations": lambda: list(seen),
+                "organizations": lambda: list(organizations),
+            }
+            memo["readiness"] = await health.serve(readiness, args.readiness)
+
+        @kopf.on.cleanup()
+        async def stop_readiness(memo: kopf.Memo, **_: Any) -> None:
+            runner = memo.get("readiness")
+            if runner is not None:
+                await runner.cleanup()
+
+    configure_logs(args.log_format, args.verbose)
     kopf.run(
         clusterwide=True,
         standalone=True,  # one replica; no peering
         liveness_endpoint=args.liveness,
+        ready_flag=started,
     )
     return 0
 

@@ -13,6 +13,7 @@ import kopf
 
 from o41.location_record import LocationRecord
 from o41.locations import Location, condition, read_location
+from o41.operator import events
 from o41.operator.cluster import SecretMissing
 from o41.operator.model import now, with_condition
 from o41.operator.records import Records
@@ -167,7 +168,7 @@ class SetUp:
         self.patch.status["observedGeneration"] = self.generation
         status = self.body.status
         set_ready(self.patch, status, self.generation, ok=False, reason=reason, message=message)
-        kopf.event(self.body, type="Warning", reason=reason, message=message)
+        events.post(self.state.cluster, self.body, type="Warning", reason=reason, message=message)
         self.logger.warning("bucket setup failed (%s), retrying in %.0f s: %s", reason, delay, e)
         raise kopf.TemporaryError(message, delay=delay) from None
 
@@ -204,10 +205,18 @@ class SetUp:
             self.patch, status, self.generation, ok=True, reason="BucketReady", message=message
         )
         for warning in ensured.warnings:
-            kopf.event(self.body, type="Warning", reason="HardeningSkipped", message=warning)
+            events.post(
+                self.state.cluster,
+                self.body,
+                type="Warning",
+                reason="HardeningSkipped",
+                message=warning,
+            )
         if became:
             reason = "BucketCreated" if ensured.created else "BucketAdopted"
-            kopf.event(self.body, type="Normal", reason=reason, message=message)
+            events.post(
+                self.state.cluster, self.body, type="Normal", reason=reason, message=message
+            )
 
     def run(self) -> None:
         """Create or adopt the bucket; on failure say why in status and retry."""
@@ -237,13 +246,14 @@ def check(state: Shared, body: kopf.Body, patch: kopf.Patch) -> None:
     if record is None or not record.ever_ready:
         return  # still being set up: the setup owns the condition
     _, ref = bucket_of(state, body)
+    patch.status["lastChecked"] = now()  # the check's own field: none other writes it
     try:
         open_bucket(ref).check()
     except (SetupFailed, SecretMissing) as e:
         reason, message = why(e)
         save(state.records, record.with_(ready=False))  # no writes go there from now on
         if set_ready(patch, status, generation, ok=False, reason=reason, message=message):
-            kopf.event(body, type="Warning", reason=reason, message=message)
+            events.post(state.cluster, body, type="Warning", reason=reason, message=message)
         return
     if not record.ready:
         save(state.records, record.with_(ready=True))
@@ -252,4 +262,4 @@ def check(state: Shared, body: kopf.Body, patch: kopf.Patch) -> None:
     if condition(status).get("status") == "False":
         message = f"bucket {ref.bucket!r} is reachable again"
         set_ready(patch, status, generation, ok=True, reason="BucketReady", message=message)
-        kopf.event(body, type="Normal", reason="BucketRecovered", message=message)
+        events.post(state.cluster, body, type="Normal", reason="BucketRecovered", message=message)

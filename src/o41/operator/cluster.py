@@ -75,6 +75,11 @@ class Cluster:
             if e.status != 404:  # gone meanwhile: nothing to show status on
                 raise
 
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        from kubernetes import client
+
+        client.CoreV1Api(self._api).create_namespaced_event(namespace, body)  # type: ignore[arg-type]  # a dict body is sent as is
+
     # --- ConfigMaps in the operator's namespace: its records, the placement's counts -----
 
     def read_configmap(self, name: str) -> dict[str, Any] | None:
@@ -129,10 +134,14 @@ class Cluster:
 
     def list_locations(self) -> list[dict[str, Any]]:
         """Every Location, read now (admission must not trust a lagging cache)."""
+        return self.list_objects("locations")
+
+    def list_objects(self, plural: str) -> list[dict[str, Any]]:
+        """Every object of one of our resources (``locations``, ``organizations``), now."""
         from kubernetes import client
 
         found: dict[str, Any] = client.CustomObjectsApi(self._api).list_cluster_custom_object(  # type: ignore[assignment]
-            GROUP, VERSION, "locations"
+            GROUP, VERSION, plural
         )
         items: list[dict[str, Any]] = found["items"]
         return items

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 
 from o41.api import GROUP, VERSION
-from o41.operator import buckets, organizations, versions
+from o41.operator import buckets, events, organizations, versions
 from o41.operator.cluster import Cluster, operator_namespace
 from o41.operator.index import LocationsIndex, OrganizationsIndex
 from o41.operator.state import Shared, put, shared
@@ -65,15 +65,18 @@ def set_up_bucket(
 
 
 @kopf.on.field(GROUP, VERSION, "locations", field="spec.retired")
-def retired_changed(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
+def retired_changed(old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """An Event when a location is retired or taken back into service."""
     if bool(old) == bool(new):
         return
+    cluster = shared(memo).cluster
     if new:
         message = "no new writes go here; its versions stay readable"
-        kopf.event(body, type="Normal", reason="Retired", message=message)
+        events.post(cluster, body, type="Normal", reason="Retired", message=message)
     else:
-        kopf.event(body, type="Normal", reason="Reactivated", message="takes writes again")
+        events.post(
+            cluster, body, type="Normal", reason="Reactivated", message="takes writes again"
+        )
 
 
 @kopf.timer(

@@ -4,6 +4,7 @@
   organization run over), without a scan of every Location.
 - ``locations_by_name``: a Location a pick names (admission checks picks by name).
 - ``organizations_by_name``: the Organization a Location belongs to.
+- ``locations_seen``: every Location's name (the readiness: have the watches delivered?).
 
 Kept apart from the handlers, so that admission reads them without importing handlers.
 An index holds what the objects say; what the operator's record says (Ready, unfinished)
@@ -48,6 +49,13 @@ def locations_by_organization(body: kopf.Body, **_: Any) -> dict[str, Location]:
 def locations_by_name(body: kopf.Body, **_: Any) -> dict[str, Location]:
     location = _location(body)
     return {location.name: location} if location is not None else {}
+
+
+@kopf.index(GROUP, VERSION, "locations")
+def locations_seen(name: str, **_: Any) -> dict[str, bool]:
+    """Every Location by name, one its CRD admits but the model does not included: what
+    the readiness compares with the API server's list (``o41.operator.health``)."""
+    return {name: True}
 
 
 @kopf.index(GROUP, VERSION, "organizations")

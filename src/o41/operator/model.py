@@ -25,6 +25,8 @@ class OrganizationEntry:
     locations: int  # as its status shows it now
     conditions: Sequence[Mapping[str, Any]]
     ref: Mapping[str, Any]  # enough of the body to post Events on it
+    generation: int | None = None  # metadata.generation: the spec's version
+    observed_generation: int | None = None  # the one its status shows
 
 
 def picks_of(spec: Body | None) -> Picks:
@@ -46,6 +48,8 @@ def organization_entry(body: Body) -> OrganizationEntry:
         ),
         locations=int(status.get("locations") or 0),
         conditions=list(status.get("conditions") or []),
+        generation=meta.get("generation"),
+        observed_generation=status.get("observedGeneration"),
         ref={
             "apiVersion": body.get("apiVersion"),
             "kind": body.get("kind"),
@@ -108,11 +112,14 @@ def organization_status(
     conditions: Sequence[Mapping[str, Any]],
     *,
     clouds: Iterable[str] = (),
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """The Organization's status as a merge patch that replaces what it showed: a cloud
     without a default any more (its only location retired or unfinished) is set to None,
     which a JSON merge patch deletes. ``clouds``: every cloud it may show a default for
-    (those of its locations, and those its status shows now)."""
+    (those of its locations, and those its status shows now). ``generation``: the spec's
+    (``metadata.generation``) these picks were made from, shown as ``observedGeneration``
+    of the status and of its condition."""
     if in_force.takes_writes:
         reason, message = "FallbackReady", f"takes writes; fallback is {in_force.fallback!r}"
     elif in_force.fallback is None:
@@ -128,12 +135,13 @@ def organization_status(
         "cloudDefaults": (defaults if in_force.cloud_defaults else None),
         "takesWrites": in_force.takes_writes,
         "locations": locations,
+        "observedGeneration": generation,
         "conditions": with_condition(
             conditions,
             kind="Ready",
             status=in_force.takes_writes,
             reason=reason,
             message=message,
-            generation=None,
+            generation=generation,
         ),
     }

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-import kopf
-
 from o41.core.organization import Effective, effective
 from o41.locations import Location
+from o41.operator import events
 from o41.operator.index import LocationsIndex, OrganizationsIndex, locations_of, one
 from o41.operator.model import OrganizationEntry, in_order, organization_status, role
 from o41.operator.state import Shared
@@ -31,7 +30,7 @@ async def reconcile(
         state.organizations.in_force[org] = after
         await _show(state, entry, after, mine)
         if after != before:
-            post_changes(entry, before, after)
+            await asyncio.to_thread(post_changes, state, entry, before, after)
         for loc in mine:  # only the roles that changed: 200 locations must not mean 200 patches
             wanted = role(loc.name, after)
             if wanted != loc.role:
@@ -44,17 +43,23 @@ async def _show(
     state: Shared, entry: OrganizationEntry, after: Effective, mine: list[Location]
 ) -> None:
     """Replace what the Organization's status shows, when it differs."""
-    if (after, len(mine)) == (entry.in_force, entry.locations) and entry.conditions:
+    shown = (entry.in_force, entry.locations, entry.observed_generation)
+    if shown == (after, len(mine), entry.generation) and entry.conditions:
         return
     clouds = [*entry.in_force.cloud_defaults, *(loc.cloud for loc in mine)]
-    status = organization_status(after, len(mine), entry.conditions, clouds=clouds)
+    status = organization_status(
+        after, len(mine), entry.conditions, clouds=clouds, generation=entry.generation
+    )
     await asyncio.to_thread(state.cluster.patch_status, "organizations", entry.name, status)
 
 
-def post_changes(entry: OrganizationEntry, before: Effective, after: Effective) -> None:
-    ref = kopf.Body(dict(entry.ref))  # type: ignore[arg-type]
+def post_changes(
+    state: Shared, entry: OrganizationEntry, before: Effective, after: Effective
+) -> None:
+    ref, cluster = entry.ref, state.cluster
     if before.fallback != after.fallback:
-        kopf.event(
+        events.post(
+            cluster,
             ref,
             type="Normal",
             reason="FallbackChanged",
@@ -63,14 +68,16 @@ def post_changes(entry: OrganizationEntry, before: Effective, after: Effective) 
     for cloud in sorted(set(before.cloud_defaults) | set(after.cloud_defaults)):
         was, now_ = before.cloud_defaults.get(cloud), after.cloud_defaults.get(cloud)
         if was != now_:
-            kopf.event(
+            events.post(
+                cluster,
                 ref,
                 type="Normal",
                 reason="CloudDefaultChanged",
                 message=f"default for {cloud} is now {now_!r} (was {was!r})",
             )
     if before.takes_writes != after.takes_writes:
-        kopf.event(
+        events.post(
+            cluster,
             ref,
             type="Normal",
             reason="TakesWrites" if after.takes_writes else "StoppedWrites",

@@ -80,13 +80,16 @@ class OperatorProcess(_Process):
     directory: Path
     check_interval: float = 2.0
     max_backoff: float = 4.0
+    log_format: str = "text"
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
+    readiness: str = ""  # its /readyz URL, once started
 
     def start(self) -> OperatorProcess:
         ca = Authority.create(self.directory / "pki")
         cert = ca.issue("webhook", LOOPBACK, ips=(LOOPBACK,), dns=("localhost",))
         liveness = f"http://{LOOPBACK}:{free_port()}/healthz"
+        self.readiness = f"http://{LOOPBACK}:{free_port()}/readyz"
         webhook_port = free_port()
         self.starts += 1
         self.server = Server(
@@ -109,6 +112,10 @@ class OperatorProcess(_Process):
                 WEBHOOK_CONFIG,
                 "--liveness",
                 liveness,
+                "--readiness",
+                self.readiness,
+                "--log-format",
+                self.log_format,
             ],
             self.directory / f"operator-{self.starts}.log",
             env={
@@ -120,6 +127,12 @@ class OperatorProcess(_Process):
             },
         ).start()
         self.server.wait_ready(lambda: _answers(liveness), timeout=60)
+        wait_until(
+            lambda: _answers(self.readiness),
+            timeout=60,
+            what="the operator to be ready",
+            interval=0.2,
+        )
         wait_until(
             lambda: self._webhook_points_at(f"{LOOPBACK}:{webhook_port}"),
             timeout=60,
@@ -196,6 +209,7 @@ class PlacementProcess(_Process):
     etcd_endpoints: list[str]
     directory: Path
     port: int = field(default_factory=free_port)
+    log_format: str = "text"
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
 
@@ -221,6 +235,8 @@ class PlacementProcess(_Process):
                 str(self.kubeconfig),
                 "--secrets-namespace",
                 NAMESPACE,
+                "--log-format",
+                self.log_format,
             ],
             self.directory / f"placement-{self.starts}.log",
             env=SAFE_ENV,

@@ -12,6 +12,8 @@ import sys
 
 from aiohttp import web
 
+from o41 import logs
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m o41.webhook", description=__doc__)
@@ -46,10 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         default=400,
         help="days the daily usage counters are kept (at least 31: the page's 30-day window)",
     )
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    parser.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=os.environ.get("O41_LOG_FORMAT") or "text",
+        help="text, or json: one JSON object per line with time, level, logger, message, "
+        "request_id, organization, location (default: $O41_LOG_FORMAT or text)",
     )
+    args = parser.parse_args(argv)
+    if args.log_format not in logs.FORMATS:  # from the environment: argparse checks no default
+        parser.error(f"O41_LOG_FORMAT must be text or json, not {args.log_format!r}")
+    logs.configure(args.log_format, logging.INFO)
 
     from o41.state import store_settings
     from o41.webhook.app import Settings, make_app
@@ -72,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         usage_hourly_days=args.usage_hourly_days,
         usage_daily_days=args.usage_daily_days,
     )
-    web.run_app(make_app(settings), host=args.host, port=args.port, access_log=None)
+    web.run_app(
+        make_app(settings),
+        host=args.host,
+        port=args.port,
+        access_log=None,  # o41.webhook.request_ids writes one line per request
+        print=logging.getLogger("o41.webhook").info,  # "Running on ...", as a log line
+    )
     return 0
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import Store, open_store
-from o41.webhook import auth, collections, errors, placement, usage_page
+from o41.webhook import auth, collections, errors, placement, request_ids, usage_page
 from o41.webhook.backfill import backfilling
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
@@ -170,6 +170,7 @@ def make_app(
             reviewer = _LazyReviewer(app, settings.audiences)
     required = settings.authentication != "none"  # a laptop's requests carry no token
     app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
+    request_ids.setup(app)  # the outermost middleware: ids in headers, logs, error bodies
     if cluster is None:
         app.cleanup_ctx.extend([cluster_view, state_store(store), version_counts])
     else:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from o41 import logs
 from o41.collections.checks import CollectionError
 from o41.core.placement import PlacementRefused
 from o41.core.versions import VersionRefused
@@ -51,7 +52,8 @@ def problem(
     status: int, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
 ) -> web.HTTPException:
     """An HTTP error of ``status`` with a JSON body ``{"error": message, ...}`` and
-    ``headers`` (``Retry-After``, ``Allow``), ready to raise."""
+    ``headers`` (``Retry-After``, ``Allow``), ready to raise. Within a request, the body
+    also names its ``requestId`` (``o41.webhook.request_ids``), as its log lines do."""
     if not 400 <= status <= 599:
         raise ValueError(f"not an error status: {status}")
     cls = _class_for(status)
@@ -61,10 +63,15 @@ def problem(
     web.HTTPException.__init__(
         error,
         headers=dict(headers or {}),
-        text=json.dumps({"error": message, **extra}),
+        text=json.dumps({"error": message, **extra, **_request_id()}),
         content_type="application/json",
     )
     return error
+
+
+def _request_id() -> dict[str, str]:
+    rid = (logs.context.get() or {}).get("request_id")
+    return {} if rid is None else {"requestId": rid}
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

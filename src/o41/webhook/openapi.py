@@ -29,6 +29,11 @@ class Out(BaseModel):
 
 class Error(Out):
     error: str = Field(description="What was wrong and what to do.")
+    request_id: str | None = Field(
+        default=None,
+        alias="requestId",
+        description="The request's id, as in its X-Request-Id header and its log lines.",
+    )
 
 
 class Signed(Out):

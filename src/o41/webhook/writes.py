@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from pydantic import Field
 
+from o41 import logs
 from o41.api import NAME_PATTERN, LocationSpec
 from o41.core.parts import MAX_PARTS
 from o41.core.placement import place_write
@@ -284,6 +285,7 @@ async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str
         organization=f"organization {org.name!r}",
     )
     location = view.locations[chosen.location]
+    logs.known(organization=org.name, location=location.name)
     version = new_version()
     key = f"{body.artifact}/{version}"
     opened = await bucket_for(app, location)
@@ -434,6 +436,7 @@ async def commit(
     pending = Pending.load(found.value)
     if pending.namespace != namespace:
         raise problem(403, f"write {version!r} began in another namespace")
+    logs.known(organization=pending.organization, location=pending.location)
     metadata = pending.metadata
     if body.metadata is not None:
         metadata = check_metadata({**(metadata or {}), **body.metadata})
