@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build (once) or reuse the test bed's binaries: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm and CoreDNS, pinned by version and
+# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm, CoreDNS, versitygw and promtool
+# (the chart's alert rules are unit-tested with `promtool test rules`), pinned by version and
 # cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
-#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd kube coredns)
+#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd versitygw promtool kube coredns)
 #   hack/testbed-bin.sh --print    print the bin directory only (no build)
 #
 # A binary added to a part builds alone: the others are found in the bin directory and
@@ -24,6 +25,8 @@ KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
+# Prometheus 3.x's Go module is tagged v0.3XX.Y (v0.316.0 is Prometheus v3.16.0)
+PROMTOOL_VERSION=${PROMTOOL_VERSION:-v0.316.0}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -114,14 +117,24 @@ build_versitygw() {
   echo "$VERSITYGW_VERSION" > "$stamp"
 }
 
+build_promtool() {
+  # Prometheus's rule unit tester, for the chart's PrometheusRule (no replace directives,
+  # so `go install`; a stamp file carries its version, as versitygw's does).
+  local stamp="$BIN/promtool.version"
+  [[ -x "$BIN/promtool" && "$(cat "$stamp" 2>/dev/null)" == "$PROMTOOL_VERSION" ]] && return 0
+  GOBIN="$BIN" timed promtool go install -ldflags "-s -w" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
+  echo "$PROMTOOL_VERSION" > "$stamp"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw promtool coredns kube)
 for part in "${parts[@]}"; do
   case "$part" in
-    helm|kwok|etcd|kube|coredns|versitygw) "build_$part" ;;
-    *) echo "unknown part '$part' (helm kwok etcd versitygw kube coredns)" >&2; exit 2 ;;
+    helm|kwok|etcd|kube|coredns|versitygw|promtool) "build_$part" ;;
+    *) echo "unknown part '$part' (helm kwok etcd versitygw promtool kube coredns)" >&2; exit 2 ;;
   esac
 done
 echo "$BIN"

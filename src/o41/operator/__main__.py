@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-webhook", action="store_true", help="run without admission")
     parser.add_argument("--liveness", default="http://127.0.0.1:8080/healthz")
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="serve /metrics on this port; 0: not at all"
+    )
+    parser.add_argument("--metrics-addr", default="127.0.0.1")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
 
@@ -60,6 +64,19 @@ def main(argv: list[str] | None = None) -> int:
             cafile=args.webhook_ca,
         )
         settings.admission.managed = args.webhook_managed
+
+    if args.metrics_port:
+        from o41.operator import telemetry
+
+        @kopf.on.startup()
+        async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
+            memo["metrics_runner"] = await telemetry.serve(args.metrics_addr, args.metrics_port)
+
+        @kopf.on.cleanup()
+        async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+            runner = memo.get("metrics_runner")
+            if runner is not None:
+                await runner.cleanup()
 
     # kopf's own formatter: each object's lines start with [name], so logs can be grepped
     kopf.configure(verbose=args.verbose, log_prefix=True)

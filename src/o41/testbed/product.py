@@ -97,6 +97,12 @@ class OperatorProcess(_Process):
     max_backoff: float = 4.0
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
+    metrics_port: int = field(default_factory=free_port)
+
+    @property
+    def metrics_url(self) -> str:
+        """The operator's ``/metrics``."""
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     def start(self) -> OperatorProcess:
         ca = Authority.create(self.directory / "pki")
@@ -124,6 +130,8 @@ class OperatorProcess(_Process):
                 WEBHOOK_CONFIG,
                 "--liveness",
                 liveness,
+                "--metrics-port",
+                str(self.metrics_port),
             ],
             self.directory / f"operator-{self.starts}.log",
             env={

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import Store, open_store
-from o41.webhook import auth, collections, errors, placement, usage_page
+from o41.webhook import auth, collections, errors, placement, telemetry, usage_page
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
 from o41.webhook.keys import (
@@ -59,8 +59,13 @@ def state_store(given: Store | None) -> Any:
 
     async def context(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        store = given or open_store(
-            settings.etcd_endpoints or None, timeout=settings.store_timeout, tls=settings.etcd_tls
+        store = telemetry.instrumented(
+            given
+            or open_store(
+                settings.etcd_endpoints or None,
+                timeout=settings.store_timeout,
+                tls=settings.etcd_tls,
+            )
         )
         app[STORE] = store
         app[BATCHER] = PutBatcher(store)
@@ -167,6 +172,7 @@ def make_app(
         else:
             reviewer = _LazyReviewer(app, settings.audiences)
     required = settings.authentication != "none"  # a laptop's requests carry no token
+    app.middlewares.append(telemetry.middleware)  # first: it sees the status answered
     app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
     if cluster is None:
         app.cleanup_ctx.extend([cluster_view, state_store(store), version_counts])
