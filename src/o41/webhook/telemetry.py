@@ -169,6 +169,27 @@ def route_of(request: web.Request) -> str:
     return canonical
 
 
+class _Children:
+    """A family's children by label values, looked up once each: ``labels()`` validates
+    and locks on every call, a dict lookup does not (the values are bounded anyway)."""
+
+    __slots__ = ("_children", "_family")
+
+    def __init__(self, family: Any) -> None:
+        self._family = family
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._family.labels(*values)
+        return child
+
+
+_requests, _request_seconds = _Children(REQUESTS), _Children(REQUEST_SECONDS)
+_collection_ops, _collection_seconds = _Children(COLLECTION_OPS), _Children(COLLECTION_SECONDS)
+
+
 @web.middleware
 async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Count and time every request by route template, method and final status. Put it
@@ -189,9 +210,9 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         IN_FLIGHT.dec()
         route = route_of(request)
-        REQUESTS.labels(route, method, str(status)).inc()
+        _requests(route, method, str(status)).inc()
         if not upgraded:
-            REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - start)
+            _request_seconds(route, method).observe(time.perf_counter() - start)
 
 
 # --- the state store --------------------------------------------------------------------
@@ -335,8 +356,8 @@ def collection_labels(
 
 
 def collection_done(labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
-    COLLECTION_OPS.labels(*labels, outcome).inc()
-    COLLECTION_SECONDS.labels(*labels).observe(seconds)
+    _collection_ops(*labels, outcome).inc()
+    _collection_seconds(*labels).observe(seconds)
 
 
 class EngineCollector(Collector):
