@@ -6,8 +6,8 @@ in the same registry (one ``GET /metrics``), by Prometheus's conventions: base u
   ``o41_http_request_duration_seconds{route,method}``, from :func:`middleware`. ``route`` is
   the route's template (``/v1/collections/{compute}/{kind}/{name}/{op}``), never the raw
   path; a path no route matches (or a method none of its routes takes) is ``unmatched``;
-  ``method`` is one of HTTP's (anything
-  else is ``other``). WebSocket upgrades are counted, their lifetime is not a latency.
+  ``method`` is one of HTTP's (anything else is ``other``). WebSocket upgrades are
+  counted, their lifetime is not a latency.
 - The state store: calls, failures (``reason``: unavailable, full, lease_not_found,
   error) and latency by ``operation`` (the ``Store`` methods), from :class:`Instrumented`.
 - Buckets: URLs signed and bucket failures by ``location`` (Location names: the platform
