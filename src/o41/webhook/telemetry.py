@@ -37,14 +37,7 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from prometheus_client import (
-    GC_COLLECTOR,
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    Counter,
-    Gauge,
-    Histogram,
-)
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -60,6 +53,7 @@ from o41.state import (
     TxnResult,
     WatchEvent,
 )
+from o41.webhook.families import Families
 from o41.webhook.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -79,78 +73,67 @@ OTHER = "other"
 
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_collector)
+FAMILIES = Families()  # plain numbers, changed on the event loop only (o41.webhook.families)
+REGISTRY.register(FAMILIES)
 
-REQUESTS = Counter(
+REQUESTS = FAMILIES.counter(
     "o41_http_requests",
     "HTTP requests answered, by route template, method and status code.",
     ["route", "method", "status"],
-    registry=REGISTRY,
 )
-REQUEST_SECONDS = Histogram(
+REQUEST_SECONDS = FAMILIES.histogram(
     "o41_http_request_duration_seconds",
     "Time to answer an HTTP request (WebSocket upgrades excluded), by route template.",
     ["route", "method"],
-    buckets=BUCKETS,
-    registry=REGISTRY,
+    BUCKETS,
 )
-IN_FLIGHT = Gauge(
-    "o41_http_requests_in_flight", "HTTP requests being answered now.", registry=REGISTRY
-)
-STORE_CALLS = Counter(
+IN_FLIGHT = FAMILIES.gauge("o41_http_requests_in_flight", "HTTP requests being answered now.")
+STORE_CALLS = FAMILIES.counter(
     "o41_state_store_requests",
     "Calls to the state store (etcd), by operation.",
     ["operation"],
-    registry=REGISTRY,
 )
-STORE_FAILURES = Counter(
+STORE_FAILURES = FAMILIES.counter(
     "o41_state_store_failures",
     "State-store calls that failed, by operation and reason (unavailable: no majority or "
     "a timeout; full: etcd's NOSPACE alarm; lease_not_found; error).",
     ["operation", "reason"],
-    registry=REGISTRY,
 )
-STORE_SECONDS = Histogram(
+STORE_SECONDS = FAMILIES.histogram(
     "o41_state_store_request_duration_seconds",
     "Time of a state-store call, by operation (watches: not timed).",
     ["operation"],
-    buckets=BUCKETS,
-    registry=REGISTRY,
+    BUCKETS,
 )
-SIGNED = Counter(
+SIGNED = FAMILIES.counter(
     "o41_bucket_signatures",
     "Bucket signings (one per signing call: a multipart upload's URLs are one), by location.",
     ["location"],
-    registry=REGISTRY,
 )
-BUCKET_FAILURES = Counter(
+BUCKET_FAILURES = FAMILIES.counter(
     "o41_bucket_failures",
     "Bucket requests of the service that failed, by location, operation (sign, call) and "
     "reason (o41.storage.Reason).",
     ["location", "operation", "reason"],
-    registry=REGISTRY,
 )
-COLLECTION_OPS = Counter(
+COLLECTION_OPS = FAMILIES.counter(
     "o41_collections_operations",
     "Collection operations, by kind, op, consistency and outcome (ok, refused, unavailable).",
     ["kind", "op", "consistency", "outcome"],
-    registry=REGISTRY,
 )
-COLLECTION_SECONDS = Histogram(
+COLLECTION_SECONDS = FAMILIES.histogram(
     "o41_collections_operation_duration_seconds",
     "Time of a collection operation (waits of barriers and locks included), by kind and op.",
     ["kind", "op", "consistency"],
-    buckets=BUCKETS,
-    registry=REGISTRY,
+    BUCKETS,
 )
-WEBSOCKETS = Gauge(
+WEBSOCKETS = FAMILIES.gauge(
     "o41_collections_websockets",
     "Collections WebSocket connections open now.",
-    registry=REGISTRY,
 )
-WEBSOCKETS_OPENED = Counter(
+WEBSOCKETS_OPENED = FAMILIES.counter(
     "o41_collections_websockets_opened",
     "Collections WebSocket connections accepted.",
-    registry=REGISTRY,
 )
 
 
@@ -168,27 +151,6 @@ def route_of(request: web.Request) -> str:
         return UNMATCHED
     canonical: str = resource.canonical
     return canonical
-
-
-class _Children:
-    """A family's children by label values, looked up once each: ``labels()`` validates
-    and locks on every call, a dict lookup does not (the values are bounded anyway)."""
-
-    __slots__ = ("_children", "_family")
-
-    def __init__(self, family: Any) -> None:
-        self._family = family
-        self._children: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._family.labels(*values)
-        return child
-
-
-_requests, _request_seconds = _Children(REQUESTS), _Children(REQUEST_SECONDS)
-_collection_ops, _collection_seconds = _Children(COLLECTION_OPS), _Children(COLLECTION_SECONDS)
 
 
 @web.middleware
@@ -211,9 +173,9 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
     finally:
         IN_FLIGHT.dec()
         route = route_of(request)
-        _requests(route, method, str(status)).inc()
+        REQUESTS.labels(route, method, str(status)).inc()
         if not upgraded:
-            _request_seconds(route, method).observe(time.perf_counter() - start)
+            REQUEST_SECONDS.labels(route, method).observe(time.perf_counter() - start)
 
 
 # --- the state store --------------------------------------------------------------------
@@ -357,8 +319,8 @@ def collection_labels(
 
 
 def collection_done(labels: tuple[str, str, str], outcome: str, seconds: float) -> None:
-    _collection_ops(*labels, outcome).inc()
-    _collection_seconds(*labels).observe(seconds)
+    COLLECTION_OPS.labels(*labels, outcome).inc()
+    COLLECTION_SECONDS.labels(*labels).observe(seconds)
 
 
 class EngineCollector(Collector):
