@@ -181,3 +181,37 @@ def test_admission_verdicts_of_sync_and_async_handlers() -> None:
             asyncio.run(run_async(fail=fail))
     for handler in ("test-sync", "test-async"):
         assert verdicts(handler) == {"allowed": 1, "refused": 1, "unavailable": 1, "error": 1}
+
+
+def test_plain_families_read_as_prometheus_reads_them() -> None:
+    """A value on a bound counts in that bound's bucket (``le``); buckets are cumulative,
+    with ``_sum`` and ``_count``; a family with no child yet still has its name."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from o41.webhook.families import Families
+
+    families, registry = Families(), CollectorRegistry()
+    registry.register(families)
+    seconds = families.histogram("t_seconds", "t", ["op"], (0.1, 1.0))
+    calls = families.counter("t_calls", "t", ["op"])
+    families.counter("t_unused", "t", ["op"])
+    for v in (0.05, 0.1, 0.5, 7.0):
+        seconds.labels("get").observe(v)
+    calls.labels("get").inc()
+    calls.labels("get").inc(2)
+    with pytest.raises(ValueError, match="takes labels"):
+        calls.labels("get", "extra")
+    text = generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    bucket = "t_seconds_bucket"
+    assert samples[bucket, (("le", "0.1"), ("op", "get"))] == 2
+    assert samples[bucket, (("le", "1.0"), ("op", "get"))] == 3
+    assert samples[bucket, (("le", "+Inf"), ("op", "get"))] == 4
+    assert samples["t_seconds_count", (("op", "get"),)] == 4
+    assert samples["t_seconds_sum", (("op", "get"),)] == pytest.approx(7.65)
+    assert samples["t_calls_total", (("op", "get"),)] == 3
+    assert "# TYPE t_unused_total counter" in text
