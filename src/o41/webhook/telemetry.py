@@ -87,7 +87,9 @@ REQUEST_SECONDS = FAMILIES.histogram(
     ["route", "method"],
     BUCKETS,
 )
-IN_FLIGHT = FAMILIES.gauge("o41_http_requests_in_flight", "HTTP requests being answered now.")
+IN_FLIGHT = FAMILIES.gauge(
+    "o41_http_requests_in_flight", "HTTP requests being answered now (open WebSockets too)."
+)
 STORE_CALLS = FAMILIES.counter(
     "o41_state_store_requests",
     "Calls to the state store (etcd), by operation.",
