@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Build (once) or reuse the test bed's binaries: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm, CoreDNS and kube-score, pinned by version and
-# cached outside the work tree.
+# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm, CoreDNS, versitygw, kube-score (the
+# chart's lint) and promtool (the chart's alert rules are unit-tested with `promtool test
+# rules`), pinned by version and cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
-#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd versitygw kube-score kube coredns)
+#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd versitygw kube-score promtool kube
+#                                  coredns)
 #   hack/testbed-bin.sh --print    print the bin directory only (no build)
 #
 # A binary added to a part builds alone: the others are found in the bin directory and
@@ -25,6 +27,8 @@ HELM_VERSION=${HELM_VERSION:-v3.20.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test_chart_hygiene.py)
+# Prometheus 3.x's Go module is tagged v0.3XX.Y (v0.316.0 is Prometheus v3.16.0)
+PROMTOOL_VERSION=${PROMTOOL_VERSION:-v0.316.0}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -137,15 +141,25 @@ build_kube_score() {
   echo "$KUBE_SCORE_VERSION" > "$stamp"
 }
 
+build_promtool() {
+  # Prometheus's rule unit tester, for the chart's PrometheusRule (no replace directives,
+  # so `go install`; a stamp file carries its version, as versitygw's does).
+  local stamp="$BIN/promtool.version"
+  [[ -x "$BIN/promtool" && "$(cat "$stamp" 2>/dev/null)" == "$PROMTOOL_VERSION" ]] && return 0
+  GOBIN="$BIN" timed promtool go install -ldflags "-s -w" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
+  echo "$PROMTOOL_VERSION" > "$stamp"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw kube-score coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw kube-score promtool coredns kube)
 for part in "${parts[@]}"; do
   case "$part" in
-    helm|kwok|etcd|kube|coredns|versitygw) "build_$part" ;;
+    helm|kwok|etcd|kube|coredns|versitygw|promtool) "build_$part" ;;
     kube-score) build_kube_score ;;
-    *) echo "unknown part '$part' (helm kwok etcd versitygw kube-score kube coredns)" >&2; exit 2 ;;
+    *) echo "unknown part '$part' (helm kwok etcd versitygw kube-score promtool kube coredns)" >&2; exit 2 ;;
   esac
 done
 echo "$BIN"

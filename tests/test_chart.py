@@ -27,7 +27,7 @@ CHART = REPO / "charts" / "o41-artifacts"
 NAMESPACE = "o41-system"
 KUBE_VERSION = "1.37.0"  # the schemas kubernetes-validate bundles for our control plane
 # Kinds of other projects' CRDs: no schema in kubernetes-validate; checked by their shape.
-FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}
+FOREIGN_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}
 
 Doc = dict[str, Any]
 
@@ -211,7 +211,7 @@ def test_defaults_install_everything_with_etcd_as_three_members() -> None:
         + ["RoleBinding"] * 2
         + ["ServiceAccount"] * 3
         + ["Deployment"] * 2
-        + ["Service"] * 3
+        + ["Service"] * 4  # the webhook's, the operator's metrics, the service's, etcd's
         + ["PodDisruptionBudget"] * 2
         + ["Secret"] * 4  # the webhook's TLS; etcd's server, peer and client TLS
         + ["NetworkPolicy"] * 3
@@ -269,6 +269,7 @@ def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
         "--liveness", "http://0.0.0.0:8080/healthz",
         "--readiness", "http://0.0.0.0:8081/readyz",
         "--log-format", "text",
+        "--metrics-addr", "0.0.0.0", "--metrics-port", "9091",
     ]  # fmt: skip
     env = {e["name"]: e for e in c["env"]}
     assert env["O41_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
@@ -279,7 +280,7 @@ def test_operator_is_one_replica_recreated_with_the_documented_args() -> None:
     # ready only when its webhook server and its watches are (o41.operator.health)
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ready"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"webhook": 9443, "health": 8080, "ready": 8081}
+    assert ports == {"webhook": 9443, "health": 8080, "ready": 8081, "metrics": 9091}
     tls = next(v for v in operator["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert tls["secret"]["secretName"] == find(docs, "Secret", "-webhook-tls")["metadata"]["name"]
 
@@ -606,6 +607,7 @@ def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) ->
 
 ETCD = "o41-o41-artifacts-etcd"
 PLACEMENT = "o41-o41-artifacts-placement"
+OPERATOR_METRICS = "o41-o41-artifacts-operator-metrics"
 
 
 def member_names(i: int) -> list[str]:
@@ -890,9 +892,12 @@ def test_network_policies_let_in_the_scrapers_and_the_peers_you_name() -> None:
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
     assert rules(find(docs, "NetworkPolicy", "-etcd"))[2381] == [monitoring]
     assert rules(find(docs, "NetworkPolicy", "-placement")) == {8080: [jobs], 9090: [monitoring]}
-    assert rules(find(docs, "NetworkPolicy", "-operator")) == {9443: [control_plane]}
+    assert rules(find(docs, "NetworkPolicy", "-operator")) == {
+        9443: [control_plane],
+        9091: [monitoring],
+    }
     monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
-    assert set(monitors) == {ETCD, PLACEMENT}
+    assert set(monitors) == {ETCD, PLACEMENT, OPERATOR_METRICS}
     for name, monitor in monitors.items():
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
         service = find(docs, "Service", name[len("o41-o41-artifacts") :])
@@ -908,7 +913,7 @@ def test_a_service_monitor_the_policy_would_block_is_refused_at_install() -> Non
     assert done.returncode != 0
     assert "name the scrapers in networkPolicy.metrics.from" in done.stderr
     both = ("metrics.serviceMonitor.enabled=true", "networkPolicy.enabled=false")
-    assert kinds(render(*both)).count("ServiceMonitor") == 2
+    assert kinds(render(*both)).count("ServiceMonitor") == 3
 
 
 def test_schema_refuses_unknown_tls_and_policy_keys() -> None:

@@ -40,7 +40,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,6 +203,10 @@ class Engine:
             )
         result: dict[str, Any] = await handler(prefix, args)
         return result
+
+    def operations(self) -> Mapping[str, Collection[str]]:
+        """Each kind's operations, by name (what a caller may ask for)."""
+        return self._ops
 
     @property
     def buffered(self) -> int:

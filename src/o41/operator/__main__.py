@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         "webhook accepts connections and the watches delivered every object (the chart: "
         "http://0.0.0.0:8081/readyz); default: not served",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="serve /metrics on this port; 0: not at all"
+    )
+    parser.add_argument("--metrics-addr", default="127.0.0.1")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument(
         "--log-format",
@@ -133,6 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         @kopf.on.cleanup()
         async def stop_readiness(memo: kopf.Memo, **_: Any) -> None:
             runner = memo.get("readiness")
+            if runner is not None:
+                await runner.cleanup()
+
+    if args.metrics_port:
+        from o41.operator import telemetry
+
+        @kopf.on.startup()
+        async def serve_metrics(memo: kopf.Memo, **_: Any) -> None:
+            memo["metrics_runner"] = await telemetry.serve(args.metrics_addr, args.metrics_port)
+
+        @kopf.on.cleanup()
+        async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+            runner = memo.get("metrics_runner")
             if runner is not None:
                 await runner.cleanup()
 

@@ -27,6 +27,7 @@ from o41.core.organization import (
     check_organization_delete,
 )
 from o41.locations import read_location
+from o41.operator import telemetry
 from o41.operator.index import (
     LocationsIndex,
     OrganizationsIndex,
@@ -51,6 +52,7 @@ def _unavailable(what: str, e: Exception) -> kopf.AdmissionError:
 
 
 @kopf.on.validate(GROUP, VERSION, "locations", id="location-rules", operations=["UPDATE"])  # type: ignore[arg-type]
+@telemetry.admission("location-rules")
 def refuse_retiring_the_fallback(
     name: str,
     spec: kopf.Spec,
@@ -77,6 +79,7 @@ def refuse_retiring_the_fallback(
 
 
 @kopf.on.validate(GROUP, VERSION, "locations", id="location-delete", operations=["DELETE"])
+@telemetry.admission("location-delete")
 async def refuse_deleting_a_used_location(
     name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -93,6 +96,7 @@ async def refuse_deleting_a_used_location(
 
 
 @kopf.on.validate(GROUP, VERSION, "organizations", id="organization-delete", operations=["DELETE"])
+@telemetry.admission("organization-delete")
 async def refuse_deleting_an_organization_with_locations(
     name: str, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -115,6 +119,7 @@ async def refuse_deleting_an_organization_with_locations(
 @kopf.on.validate(  # type: ignore[arg-type]  # kopf passes indexes by name
     GROUP, VERSION, "organizations", id="organization-picks", operations=["CREATE", "UPDATE"]
 )
+@telemetry.admission("organization-picks")
 def refuse_unusable_picks(
     name: str,
     spec: kopf.Spec,

@@ -13,7 +13,7 @@ import kopf
 
 from o41.location_record import LocationRecord
 from o41.locations import Location, condition, read_location
-from o41.operator import events
+from o41.operator import events, telemetry
 from o41.operator.cluster import SecretMissing
 from o41.operator.model import now, with_condition
 from o41.operator.records import Records
@@ -158,6 +158,7 @@ class SetUp:
     def failed(self, creations: RecordCreations, e: SetupFailed | SecretMissing) -> None:
         """Say why in the record, then in status and an Event; retry with backoff."""
         reason, message = why(e)
+        telemetry.failed("setup", reason)
         delay = backoff(self.retry, retryable=isinstance(e, SetupFailed) and e.retryable)
         try:
             record = save(self.state.records, creations.current.with_(ready=False, failed=True))
@@ -220,18 +221,19 @@ class SetUp:
 
     def run(self) -> None:
         """Create or adopt the bucket; on failure say why in status and retry."""
-        creations = RecordCreations(self.state.records, self.record())
-        try:
-            _, ref = bucket_of(self.state, self.body)
-            ensured = open_bucket(ref).ensure(
-                owner=self.body["metadata"]["uid"],
-                creations=creations,
-                abort_uploads_after_days=ABORT_UPLOADS_AFTER_DAYS,
-            )
-        except (SetupFailed, SecretMissing) as e:
-            self.failed(creations, e)
-            return
-        self.done(creations, ref, ensured)
+        with telemetry.Timed(telemetry.SETUP_SECONDS):
+            creations = RecordCreations(self.state.records, self.record())
+            try:
+                _, ref = bucket_of(self.state, self.body)
+                ensured = open_bucket(ref).ensure(
+                    owner=self.body["metadata"]["uid"],
+                    creations=creations,
+                    abort_uploads_after_days=ABORT_UPLOADS_AFTER_DAYS,
+                )
+            except (SetupFailed, SecretMissing) as e:
+                self.failed(creations, e)
+                return
+            self.done(creations, ref, ensured)
 
 
 def check(state: Shared, body: kopf.Body, patch: kopf.Patch) -> None:
@@ -245,12 +247,14 @@ def check(state: Shared, body: kopf.Body, patch: kopf.Patch) -> None:
         record = state.records.cached(uid)
     if record is None or not record.ever_ready:
         return  # still being set up: the setup owns the condition
-    _, ref = bucket_of(state, body)
     patch.status["lastChecked"] = now()  # the check's own field: none other writes it
     try:
-        open_bucket(ref).check()
+        with telemetry.Timed(telemetry.CHECK_SECONDS):
+            _, ref = bucket_of(state, body)
+            open_bucket(ref).check()
     except (SetupFailed, SecretMissing) as e:
         reason, message = why(e)
+        telemetry.failed("check", reason)
         save(state.records, record.with_(ready=False))  # no writes go there from now on
         if set_ready(patch, status, generation, ok=False, reason=reason, message=message):
             events.post(state.cluster, body, type="Warning", reason=reason, message=message)

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 
 from o41.api import GROUP, VERSION
-from o41.operator import buckets, events, organizations, versions
+from o41.operator import buckets, events, organizations, telemetry, versions
 from o41.operator.cluster import Cluster, operator_namespace
 from o41.operator.index import LocationsIndex, OrganizationsIndex
 from o41.operator.state import Shared, put, shared
@@ -51,6 +51,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, "locations")
 @kopf.on.create(GROUP, VERSION, "locations")
 @kopf.on.update(GROUP, VERSION, "locations", field="spec")
+@telemetry.reconciled("locations")
 def set_up_bucket(
     body: kopf.Body,
     patch: kopf.Patch,
@@ -82,6 +83,7 @@ def retired_changed(old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, **_: A
 @kopf.timer(
     GROUP, VERSION, "locations", interval=CHECK_INTERVAL, initial_delay=CHECK_INTERVAL, idle=0
 )
+@telemetry.reconciled("locations")
 def check_bucket(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """A bucket that was Ready can break later: show it, and when it recovers."""
     buckets.check(shared(memo), body, patch)
@@ -91,6 +93,7 @@ def check_bucket(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) 
 
 
 @kopf.on.event(GROUP, VERSION, "locations")  # type: ignore[arg-type]  # indexes by name
+@telemetry.reconciled("locations")
 async def location_changed(
     name: str,
     uid: str,
@@ -103,6 +106,7 @@ async def location_changed(
     **_: Any,
 ) -> None:
     state = shared(memo)
+    telemetry.LOCATIONS.follow(state, locations_by_organization)
     if type == "DELETED":
         state.records.forget(uid)
         state.counts.forget(name)
@@ -114,6 +118,7 @@ async def location_changed(
 
 
 @kopf.on.event(GROUP, VERSION, "organizations")  # type: ignore[arg-type]  # indexes by name
+@telemetry.reconciled("organizations")
 async def organization_changed(
     name: str,
     type: str | None,
@@ -123,6 +128,7 @@ async def organization_changed(
     **_: Any,
 ) -> None:
     state = shared(memo)
+    telemetry.LOCATIONS.follow(state, locations_by_organization)
     if type == "DELETED":
         state.organizations.forget(name)
         return

@@ -84,6 +84,12 @@ class OperatorProcess(_Process):
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
     readiness: str = ""  # its /readyz URL, once started
+    metrics_port: int = field(default_factory=free_port)
+
+    @property
+    def metrics_url(self) -> str:
+        """The operator's ``/metrics``."""
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     def start(self) -> OperatorProcess:
         ca = Authority.create(self.directory / "pki")
@@ -116,6 +122,8 @@ class OperatorProcess(_Process):
                 self.readiness,
                 "--log-format",
                 self.log_format,
+                "--metrics-port",
+                str(self.metrics_port),
             ],
             self.directory / f"operator-{self.starts}.log",
             env={

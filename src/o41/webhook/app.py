@@ -15,7 +15,15 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import Store, open_store
-from o41.webhook import auth, collections, errors, placement, request_ids, usage_page
+from o41.webhook import (
+    auth,
+    collections,
+    errors,
+    placement,
+    request_ids,
+    telemetry,
+    usage_page,
+)
 from o41.webhook.backfill import backfilling
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
@@ -61,8 +69,13 @@ def state_store(given: Store | None) -> Any:
 
     async def context(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        store = given or open_store(
-            settings.etcd_endpoints or None, timeout=settings.store_timeout, tls=settings.etcd_tls
+        store = telemetry.instrumented(
+            given
+            or open_store(
+                settings.etcd_endpoints or None,
+                timeout=settings.store_timeout,
+                tls=settings.etcd_tls,
+            )
         )
         app[STORE] = store
         app[BATCHER] = PutBatcher(store)
@@ -169,6 +182,7 @@ def make_app(
         else:
             reviewer = _LazyReviewer(app, settings.audiences)
     required = settings.authentication != "none"  # a laptop's requests carry no token
+    app.middlewares.append(telemetry.middleware)  # first: it sees the status answered
     app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
     request_ids.setup(app)  # the outermost middleware: ids in headers, logs, error bodies
     if cluster is None:

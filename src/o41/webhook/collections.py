@@ -51,7 +51,7 @@ from o41.collections.checks import BadRequest, CollectionError, Full, Unavailabl
 from o41.collections.engine import Engine
 from o41.jsonlimits import TooDeep, check_depth
 from o41.state import EtcdTls, StoreFull, StoreUnavailable, open_store, store_settings
-from o41.webhook import auth, errors
+from o41.webhook import auth, errors, telemetry
 from o41.webhook.errors import problem
 from o41.webhook.keys import COLLECTIONS as COLLECTIONS  # its tests read it here
 from o41.webhook.keys import STORE
@@ -146,6 +146,7 @@ def setup(app: web.Application, options: Options | None = None) -> None:
             max_wait=o.max_wait,
         )
         holder.quota = Quota(app[STORE], o.limits)
+        telemetry.ENGINE.follow(holder.engine)
         loop = asyncio.get_running_loop()
         sweeper, counter = loop.create_task(sweep()), loop.create_task(holder.quota.run())
         yield
@@ -203,12 +204,19 @@ async def perform(
                 await quota.admit(namespace, more)
         elif (kind, op) in FREEING:
             quota.freed(namespace)
+    labels = telemetry.collection_labels(engine.operations(), kind, op, args)
+    start, outcome = time.perf_counter(), "refused"
     try:
         result = await engine.call(namespace, compute, kind, name, op, args)
+        outcome = "ok"
     except StoreFull as e:
+        outcome = "unavailable"
         raise Full(str(e)) from None
     except StoreUnavailable as e:
+        outcome = "unavailable"
         raise Unavailable(f"the state store cannot answer now: {e}") from None
+    finally:
+        telemetry.collection_done(labels, outcome, time.perf_counter() - start)
     return _encode(result)
 
 
@@ -249,6 +257,8 @@ class _Session:
         holder = self.holder
         holder.sockets[ws] = checked = time.monotonic()
         why, running = b"the service is shutting down: reconnect", False
+        telemetry.WEBSOCKETS.inc()
+        telemetry.WEBSOCKETS_OPENED.inc()
         try:
             while not holder.closing:
                 message = await ws.receive()
@@ -274,6 +284,7 @@ class _Session:
                     break  # the client went away while its operation ran
                 holder.sockets[ws], running = time.monotonic(), False
         finally:
+            telemetry.WEBSOCKETS.dec()
             holder.sockets.pop(ws, None)
             if ws.closed:
                 pass
@@ -401,13 +412,16 @@ def make_app(
 ) -> web.Application:
     app = web.Application(
         middlewares=[
+            telemetry.middleware,
             errors.json_errors,
             auth.middleware(auth.NoAuthentication(namespace), required=False),
         ]
     )
 
     async def state(app: web.Application) -> AsyncIterator[None]:
-        app[STORE] = open_store(store_endpoints or None, timeout=store_timeout, tls=tls)
+        app[STORE] = telemetry.instrumented(
+            open_store(store_endpoints or None, timeout=store_timeout, tls=tls)
+        )
         yield
         await app[STORE].close()
 

@@ -46,6 +46,7 @@ from o41.core.writes import (
 from o41.locations import Location
 from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
+from o41.webhook import telemetry
 from o41.webhook.errors import LocationFailed, problem
 from o41.webhook.keys import (
     BATCHER,
@@ -178,15 +179,19 @@ class OpenBucket:
         """``call`` (a presign) inline when it is pure computation, in a thread when it
         may touch the network (GCS's ambient identity: one IAM call per URL)."""
         try:
-            return call() if self.signs_locally else await asyncio.to_thread(call)
+            signed = call() if self.signs_locally else await asyncio.to_thread(call)
         except StorageError as e:
+            telemetry.bucket_failed(location, "sign", e.reason)
             raise LocationFailed(location, e) from None
+        telemetry.signed(location)
+        return signed
 
     async def call(self, location: str, call: Callable[[], T]) -> T:
         """A request to the bucket, in a thread (the SDKs are synchronous)."""
         try:
             return await asyncio.to_thread(call)
         except StorageError as e:
+            telemetry.bucket_failed(location, "call", e.reason)
             raise LocationFailed(location, e) from None
 
 
