@@ -429,7 +429,8 @@ class Lock(_Collection):
         self._client.keeper.drop(self)
         held = self._held()
         self._token, self._owner = None, ""
-        self._call("release", **held)
+        # answered before etcd has freed it: nobody can take it before that (see locks.py)
+        self._call("release", **held, early=True)
 
     def __enter__(self) -> Lock:
         if not self.acquire():

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from o41.collections.checks import float_arg, id_arg, int_arg
@@ -150,6 +151,20 @@ class View:
             self.task = None
 
 
+LINGER = 0.002  # seconds an early release waits for an acquire through this replica
+
+
+@dataclass
+class _Leaving:
+    """An early release not sent to etcd yet: an acquire through this replica within
+    :data:`LINGER` takes the lock over from it in one transaction."""
+
+    owner: bytes
+    token: int
+    args: dict[str, Any]
+    timer: asyncio.TimerHandle | None = None
+
+
 class Locks:
     """The lock operations of an engine (acquire, keepalive, release)."""
 
@@ -158,6 +173,8 @@ class Locks:
         self.max_wait = max_wait
         self._views: dict[bytes, View] = {}
         self._sessions: dict[bytes, int] = {}  # session key -> its lease (a cache)
+        self._releasing: set[asyncio.Task[None]] = set()  # early releases under way
+        self._leaving: dict[bytes, _Leaving] = {}  # lock prefix -> an early release lingering
         self._closed = False
 
     # sessions
@@ -225,10 +242,20 @@ class Locks:
         try:
             while True:
                 lease = await self._session_lease(session_key, ttl)
+                leaving = self._leaving.pop(prefix, None)
+                if leaving is not None:
+                    token = await self._take_over(prefix, leaving, owner, me, mine, lease)
+                    if token:
+                        held = True
+                        return {"acquired": True, "token": token}
+                    if token is None:  # the session's lease expired: a new one
+                        self._sessions.pop(session_key, None)
+                        continue
                 try:
                     result = await self.store.txn(
                         [Compare(holder, "version", "==", 0)],
-                        [Put(holder, owner, lease=lease)],
+                        # arriving again (a watch ended): the waiter key of before goes
+                        [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
                         [
                             Get(holder),
                             Put(me, owner, lease=lease),
@@ -292,6 +319,40 @@ class Locks:
                 await self._drop(lease)
                 self._sessions.pop(session_key, None)
 
+    async def _take_over(
+        self, prefix: bytes, leaving: _Leaving, owner: bytes, me: bytes, mine: int, lease: int
+    ) -> int | None:
+        """An acquire that finds this lock's early release still lingering here takes the
+        lock from the releaser in one transaction, the release and the acquisition at
+        once, if nobody waits in etcd (else the release goes ahead and this acquire
+        arrives as any other): its token, 0 when it did not, None when its session's
+        lease is gone (the release then goes ahead too)."""
+        if leaving.timer is not None:
+            leaving.timer.cancel()
+        holder = prefix + b"holder"
+        try:
+            result = await self.store.txn(
+                [
+                    Compare(holder, "value", "==", leaving.owner),
+                    Compare(holder, "mod", "==", leaving.token),
+                    Compare(prefix + b"w/", "create", "==", 0, prefix=True),  # no waiter
+                ],
+                [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
+            )
+        except LeaseNotFound:
+            self._leave(prefix, leaving)
+            return None
+        except StoreUnavailable:
+            self._leave(prefix, leaving)  # retried until etcd answers
+            raise
+        if not result.succeeded:
+            self._leave(prefix, leaving)
+            return 0
+        view = self._views.get(prefix)
+        if view is not None:
+            view.put(KeyValue(holder, owner, result.revision, result.revision, 1, lease))
+        return result.revision
+
     async def _claim(
         self, view: View, holder: bytes, me: bytes, owner: bytes, mine: int, lease: int
     ) -> int | None:
@@ -335,8 +396,73 @@ class Locks:
     async def release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Free the lock if ``owner`` with this token holds it, in one transaction: handed
         over to the first waiter when this replica knows it, else deleted (the first waiter
-        claims it). Whether it was still held."""
+        claims it). Whether it was still held.
+
+        ``early``: answered at once (``{"accepted": true}``), before etcd has taken the
+        transaction: nobody else can acquire the lock until it has, so the caller loses
+        nothing by not waiting. The transaction is retried while etcd cannot answer (it is
+        guarded on the owner and token, so a repeat that finds it done does nothing); if
+        this replica dies first, the holder key goes with its lease."""
         holder, owner, token = self._held(prefix, args)
+        if args.get("early") is not True or self._closed:
+            return await self._release(prefix, holder, owner, token, args)
+        leaving = _Leaving(owner, token, args)
+        view = self._views.get(prefix)
+        known = view is not None and not view.broken and view.first() is not None
+        if known or "session" not in args or prefix in self._leaving:
+            self._leave(prefix, leaving)  # handed over now (or an old client's own lease)
+        else:  # an acquire through this replica within LINGER takes it over in one txn
+            self._leaving[prefix] = leaving
+            leaving.timer = asyncio.get_running_loop().call_later(
+                LINGER, self._leave, prefix, leaving
+            )
+        return {"accepted": True}
+
+    def _leave(self, prefix: bytes, leaving: _Leaving) -> None:
+        """Send an early release to etcd now (in the background, retried)."""
+        if self._leaving.get(prefix) is leaving:
+            del self._leaving[prefix]
+        if leaving.timer is not None:
+            leaving.timer.cancel()
+            leaving.timer = None
+        task = asyncio.get_running_loop().create_task(
+            self._release_for_sure(
+                prefix, prefix + b"holder", leaving.owner, leaving.token, leaving.args
+            )
+        )
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_for_sure(
+        self, prefix: bytes, holder: bytes, owner: bytes, token: int, args: dict[str, Any]
+    ) -> None:
+        """An early release, retried (with a growing pause, at most 1 s) until etcd has
+        answered it; given up only when the service closes (the lease then bounds it)."""
+        pause = 0.05
+        while True:
+            try:
+                await self._release(prefix, holder, owner, token, args)
+            except StoreUnavailable as e:
+                if self._closed:
+                    log.warning("a lock's release was not written (%s); its lease bounds it", e)
+                    return
+                log.info("a lock's release failed (%s); trying again in %g s", e, pause)
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+            else:
+                return
+
+    async def drain(self, within: float) -> None:
+        """Send the lingering early releases, and wait (at most ``within`` seconds) for
+        those under way."""
+        for prefix, leaving in list(self._leaving.items()):
+            self._leave(prefix, leaving)
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=within)
+
+    async def _release(
+        self, prefix: bytes, holder: bytes, owner: bytes, token: int, args: dict[str, Any]
+    ) -> dict[str, Any]:
         mine = [Compare(holder, "value", "==", owner), Compare(holder, "mod", "==", token)]
         view = self._views.get(prefix)
         successor = view.first() if view is not None and not view.broken else None
@@ -361,6 +487,7 @@ class Locks:
             # that waiter went meanwhile: free it plainly
         result = await self.store.txn(mine, [Delete(holder)])
         if result.succeeded:
+            view = self._views.get(prefix)  # a waiter may have arrived meanwhile
             if view is not None:
                 view.delete(holder, result.revision)
             deleted = result.results[0]

@@ -28,13 +28,16 @@ class KeyValue:
 class Compare:
     """A transaction guard on one key: ``target`` of ``key`` ``op`` ``value``.
 
-    target "version" with value 0 means "the key does not exist".
+    target "version" with value 0 means "the key does not exist". ``prefix``: every key
+    under ``key`` must pass, as etcd compares a range; none there compares as one absent
+    key (so ``Compare(p, "version", "==", 0, prefix=True)``: nothing under ``p``).
     """
 
     key: bytes
     target: Literal["value", "version", "create", "mod"]
     op: Literal["==", "!=", "<", ">"]
     value: bytes | int
+    prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,8 @@ def _kv(kv: Any) -> KeyValue:
 
 def _compare(c: Compare) -> Any:
     message = rpc.Compare(key=c.key, target=_TARGETS[c.target], result=_RESULTS[c.op])
+    if c.prefix:
+        message.range_end = prefix_end(c.key)
     if c.target == "value":
         if not isinstance(c.value, bytes):
             raise TypeError(f"a value compare takes bytes, not {type(c.value).__name__}")
