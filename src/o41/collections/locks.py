@@ -68,6 +68,8 @@ class View:
         self.local: dict[bytes, asyncio.Event] = {}  # owner -> its waiting request here
         self.task: asyncio.Task[None] | None = None
         self.broken = False
+        self.arriving: list[_Arrival] = []  # waiters whose keys ride the next hand-over
+        self._timer: asyncio.TimerHandle | None = None
 
     # what is known
 
@@ -94,7 +96,68 @@ class View:
 
     def delete(self, key: bytes, revision: int) -> None:
         self._set(key, None, revision)
+        if key == self.holder_key and self.holder is None and self.arriving:
+            self._write_arrivals()  # the lock is free: they may be first
         self._wake()
+
+    # arrivals that ride the next hand-over
+
+    def deferrable(self, owner: bytes) -> bool:
+        """Whether a new waiter's key can wait for the next hand-over through this
+        replica: the lock is held by another, and the watch follows it."""
+        h = self.holder
+        return (
+            not self.broken
+            and self.task is not None
+            and not self.task.done()
+            and h is not None
+            and h.value != owner
+        )
+
+    def arrive(self, key: bytes, owner: bytes, lease: int) -> asyncio.Future[int]:
+        """Queue a waiter's key for the next transaction on this lock (a hand-over), or
+        on its own after :data:`ARRIVAL_WAIT`: its create revision, once written."""
+        loop = asyncio.get_running_loop()
+        arrival = _Arrival(key, owner, lease, loop.create_future())
+        self.arriving.append(arrival)
+        if self._timer is None:
+            self._timer = loop.call_later(ARRIVAL_WAIT, self._write_arrivals)
+        return arrival.done
+
+    def take_arrivals(self) -> list[_Arrival]:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        taken, self.arriving = self.arriving, []
+        return taken
+
+    def settle(self, arrivals: list[_Arrival], revision: int) -> None:
+        """The arrivals' keys were written at ``revision`` (their create revision)."""
+        for a in arrivals:
+            self.put(KeyValue(a.key, a.owner, revision, revision, 1, a.lease))
+            if not a.done.done():
+                a.done.set_result(revision)
+
+    @staticmethod
+    def fail(arrivals: list[_Arrival], error: BaseException) -> None:
+        for a in arrivals:
+            if not a.done.done():
+                a.done.set_exception(error)
+
+    def _write_arrivals(self) -> None:
+        taken = self.take_arrivals()
+        if taken:
+            asyncio.get_running_loop().create_task(self._write(taken))
+
+    async def _write(self, arrivals: list[_Arrival]) -> None:
+        try:
+            result = await self.store.txn(
+                [], [Put(a.key, a.owner, lease=a.lease) for a in arrivals]
+            )
+        except (StoreUnavailable, LeaseNotFound) as e:
+            self.fail(arrivals, e)
+        else:
+            self.settle(arrivals, result.revision)
 
     def load(self, holder: tuple[KeyValue, ...], waiters: tuple[KeyValue, ...], rev: int) -> None:
         """A snapshot read at revision ``rev``."""
@@ -152,6 +215,17 @@ class View:
 
 
 LINGER = 0.002  # seconds an early release waits for an acquire through this replica
+ARRIVAL_WAIT = 0.01  # seconds a new waiter's key waits for a hand-over to ride with
+
+
+@dataclass
+class _Arrival:
+    """A waiter whose key is written with the next transaction on its lock."""
+
+    key: bytes
+    owner: bytes
+    lease: int
+    done: asyncio.Future[int]
 
 
 @dataclass
@@ -251,35 +325,47 @@ class Locks:
                     if token is None:  # the session's lease expired: a new one
                         self._sessions.pop(session_key, None)
                         continue
-                try:
-                    result = await self.store.txn(
-                        [Compare(holder, "version", "==", 0)],
-                        # arriving again (a watch ended): the waiter key of before goes
-                        [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
-                        [
-                            Get(holder),
-                            Put(me, owner, lease=lease),
-                            Get(prefix + b"w/", prefix=True),
-                        ],
-                    )
-                except LeaseNotFound:
-                    self._sessions.pop(session_key, None)  # it expired: a new one
-                    continue
-                refreshed = time.monotonic()
-                if result.succeeded:
-                    held = True
-                    return {"acquired": True, "token": result.revision}
-                current = result.results[0][0] if result.results[0] else None
-                if current is not None and current.value == owner:  # retried: ours already
-                    held = True
-                    await self._withdraw(me, 0)
-                    return {"acquired": True, "token": current.mod_revision}
-                mine = next(kv.create_revision for kv in result.results[2] if kv.key == me)
-                if view is None:
-                    view = self._view(prefix)
-                    view.local[owner] = event
-                view.load(result.results[0], result.results[2], result.revision)
-                view.follow(result.revision + 1)
+                following = self._views.get(prefix)
+                if not mine and following is not None and following.deferrable(owner):
+                    if view is None:  # wait here, and ride the next hand-over's transaction
+                        view = following
+                        view.local[owner] = event
+                    try:
+                        mine = await view.arrive(me, owner, lease)
+                    except LeaseNotFound:
+                        self._sessions.pop(session_key, None)
+                        continue
+                    refreshed = time.monotonic()
+                else:
+                    try:
+                        result = await self.store.txn(
+                            [Compare(holder, "version", "==", 0)],
+                            # arriving again (a watch ended): the waiter key of before goes
+                            [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
+                            [
+                                Get(holder),
+                                Put(me, owner, lease=lease),
+                                Get(prefix + b"w/", prefix=True),
+                            ],
+                        )
+                    except LeaseNotFound:
+                        self._sessions.pop(session_key, None)  # it expired: a new one
+                        continue
+                    refreshed = time.monotonic()
+                    if result.succeeded:
+                        held = True
+                        return {"acquired": True, "token": result.revision}
+                    current = result.results[0][0] if result.results[0] else None
+                    if current is not None and current.value == owner:  # retried: ours already
+                        held = True
+                        await self._withdraw(me, 0)
+                        return {"acquired": True, "token": current.mod_revision}
+                    mine = next(kv.create_revision for kv in result.results[2] if kv.key == me)
+                    if view is None:
+                        view = self._view(prefix)
+                        view.local[owner] = event
+                    view.load(result.results[0], result.results[2], result.revision)
+                    view.follow(result.revision + 1)
                 while True:
                     event.clear()
                     h = view.holder
@@ -467,15 +553,30 @@ class Locks:
         view = self._views.get(prefix)
         successor = view.first() if view is not None and not view.broken else None
         if view is not None and successor is not None:
+            # the waiters that arrived here meanwhile write their keys in this transaction
+            arrivals = view.take_arrivals()
+            puts = [Put(a.key, a.owner, lease=a.lease) for a in arrivals]
             try:
                 result = await self.store.txn(
                     [*mine, Compare(successor.key, "create", "==", successor.create_revision)],
-                    [Put(holder, successor.value, lease=successor.lease), Delete(successor.key)],
-                    [Get(holder)],
+                    [
+                        Put(holder, successor.value, lease=successor.lease),
+                        Delete(successor.key),
+                        *puts,
+                    ],
+                    [Get(holder), *puts],
                 )
-            except LeaseNotFound:  # that waiter's session just expired: free it plainly
+            except LeaseNotFound as e:  # a session just expired: free it plainly
+                if arrivals:  # perhaps an arrival's: they arrive again, this goes on alone
+                    view.fail(arrivals, e)
+                    return await self._release(prefix, holder, owner, token, args)
                 view.delete(successor.key, view.seen.get(successor.key, 0) + 1)
                 successor = None
+            except BaseException as e:
+                view.fail(arrivals, e if isinstance(e, Exception) else StoreUnavailable(str(e)))
+                raise
+            else:
+                view.settle(arrivals, result.revision)
         if view is not None and successor is not None:
             if result.succeeded:
                 view.put(KeyValue(holder, successor.value, 0, result.revision, 0, successor.lease))
