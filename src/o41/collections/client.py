@@ -429,8 +429,14 @@ class Lock(_Collection):
         self._client.keeper.drop(self)
         held = self._held()
         self._token, self._owner = None, ""
-        # answered before etcd has freed it: nobody can take it before that (see locks.py)
-        self._call("release", **held, early=True)
+        # answered before etcd has freed it (nobody can take it before that: see locks.py),
+        # and not waited for: its answer is read before the next operation's
+        args = {**held, "early": True, "consistency": self.consistency}
+        send_later = getattr(self._client.transport, "send_later", None)
+        if send_later is None:
+            self._client.transport.call(self._client.compute, self.kind, self.name, "release", args)
+        else:
+            send_later(self._client.compute, self.kind, self.name, "release", args)
 
     def __enter__(self) -> Lock:
         if not self.acquire():
