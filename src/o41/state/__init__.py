@@ -115,6 +115,12 @@ class Store(Protocol):
 
     async def delete(self, key: bytes, *, prefix: bool = False) -> int: ...
 
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        """Delete the keys in [``start``, ``end``) and answer them as they were, in key
+        order (etcd's DeleteRange with its previous values, one round trip): of
+        concurrent takes of one key, exactly one gets it."""
+        ...
+
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult: ...

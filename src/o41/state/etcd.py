@@ -525,6 +525,11 @@ class EtcdStore:
         answer = await self._call("KV", "DeleteRange", request, write=True, what=f"delete {key!r}")
         return int(answer.deleted)
 
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        request = rpc.DeleteRangeRequest(key=start, range_end=end, prev_kv=True)
+        answer = await self._call("KV", "DeleteRange", request, write=True, what=f"take {start!r}")
+        return [_kv(kv) for kv in answer.prev_kvs]
+
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:

@@ -104,6 +104,16 @@ class MemoryStore:
                 self._delete(kv.key)
         return len(found)
 
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        self._check()
+        lo = bisect.bisect_left(self._keys, start)
+        found = [self._data[k] for k in self._keys[lo : bisect.bisect_left(self._keys, end)]]
+        if found:
+            self._revision += 1
+            for kv in found:
+                self._delete(kv.key)
+        return found
+
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
