@@ -25,6 +25,14 @@ waiter's key; otherwise it deletes the holder key, and the first waiter (by crea
 revision) claims it when its replica's watch sees the deletion. Each replica keeps one
 watch per lock it has waiters on, and wakes only the waiter concerned: the one handed the
 lock, or the first when the holder key went (its lease expired).
+
+Fewer transactions (issue 18): an early release (the SDK's) is answered before etcd has
+it; when this replica knows no waiter it lingers :data:`LINGER`, and an acquire through
+this replica meanwhile takes the lock over in one transaction (guarded on the releaser
+and on no waiter key in etcd), else it goes to etcd in the background, retried while etcd
+cannot answer. A waiter arriving while this replica follows the held lock writes its key
+in the next hand-over's transaction (or alone after :data:`ARRIVAL_WAIT`, or at once
+when the lock is seen free).
 """
 
 from __future__ import annotations
