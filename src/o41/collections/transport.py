@@ -435,6 +435,7 @@ class HttpTransport:
         redo = self._redo()
         while redo:
             compute, kind, name, op, args = redo.pop(0)
+            args = {k: v for k, v in args.items() if k != "early"}  # answered after etcd now
             try:
                 self.call(compute, kind, name, op, args)
             except CollectionError as e:
