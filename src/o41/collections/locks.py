@@ -404,8 +404,9 @@ class Locks:
                     if now - refreshed > ttl / 3:
                         await self.store.lease_keepalive(lease)
                         refreshed = now
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), min(deadline - now, ttl / 3))
+                    with contextlib.suppress(TimeoutError):  # no task per wait, as wait_for
+                        async with asyncio.timeout(min(deadline - now, ttl / 3)):
+                            await event.wait()
         finally:
             if view is not None:
                 self._done_waiting(view, owner)
