@@ -295,6 +295,8 @@ class Locks:
         return view
 
     def _done_waiting(self, view: View, owner: bytes) -> None:
+        if any(a.owner == owner for a in view.arriving):  # cancelled before its key went
+            view.arriving = [a for a in view.arriving if a.owner != owner]
         view.local.pop(owner, None)
         if not view.local:  # nobody waits here: no watch (a later waiter reads again)
             view.stop()
