@@ -337,6 +337,33 @@ def test_usage_retention_reaches_the_service_and_is_checked() -> None:
     assert "/placement/usage/retention/dailyDays" in done.stderr
 
 
+def test_etcd_attempt_seconds_reach_the_service_and_are_checked() -> None:
+    """placement.etcd.attemptSeconds is the service's O41_ETCD_ATTEMPT_SECONDS (1 s by
+    default, as the service's own default); 0 or a negative time is refused at install."""
+    env = {
+        e["name"]: e.get("value")
+        for e in container(find(render(), "Deployment", "-placement"))["env"]
+    }
+    assert env["O41_ETCD_ATTEMPT_SECONDS"] == "1"
+    docs = render("placement.etcd.attemptSeconds=3")
+    env = {
+        e["name"]: e.get("value") for e in container(find(docs, "Deployment", "-placement"))["env"]
+    }
+    assert env["O41_ETCD_ATTEMPT_SECONDS"] == "3"
+    # a fraction (--set would pass it as text; values files and --set-json as a number)
+    done = run_helm(
+        "template", "o41", str(CHART), "--set-json", "placement.etcd.attemptSeconds=2.5"
+    )
+    assert done.returncode == 0, done.stderr
+    assert '- name: O41_ETCD_ATTEMPT_SECONDS\n              value: "2.5"' in done.stdout
+    for wrong in ("0", "-1"):
+        done = run_helm(
+            "template", "o41", str(CHART), "--set", f"placement.etcd.attemptSeconds={wrong}"
+        )
+        assert done.returncode != 0
+        assert "/placement/etcd/attemptSeconds" in done.stderr
+
+
 def test_external_etcd_deploys_no_etcd_and_is_what_the_service_uses() -> None:
     urls = ["http://etcd-0.db.svc:2379", "http://etcd-1.db.svc:2379"]
     docs = render(*(f"etcd.external.endpoints[{i}]={u}" for i, u in enumerate(urls)))
@@ -346,6 +373,7 @@ def test_external_etcd_deploys_no_etcd_and_is_what_the_service_uses() -> None:
     assert args[args.index("--etcd") + 1] == ",".join(urls)
 
 
+TLS_FILES = ("O41_ETCD_CA_FILE", "O41_ETCD_CERT_FILE", "O41_ETCD_KEY_FILE")
 TLS_ETCD = (
     "etcd.external.endpoints[0]=https://etcd-0.db.svc:2379",
     "etcd.external.tls.secretName=etcd-client",
@@ -374,7 +402,7 @@ def test_tls_to_an_external_etcd_mounts_the_secret_where_the_service_reads_it() 
     assert EtcdTls.from_environment(env) == EtcdTls("/etc/o41-etcd-tls/ca.crt")
     # no Secret: nothing mounted, nothing set
     placement = find(render(TLS_ETCD[0]), "Deployment", "-placement")
-    assert not [e for e in container(placement)["env"] if e["name"].startswith("O41_ETCD_")]
+    assert not [e for e in container(placement)["env"] if e["name"] in TLS_FILES]
     assert "etcd-tls" not in {v["name"] for v in placement["spec"]["template"]["spec"]["volumes"]}
 
 
@@ -766,7 +794,7 @@ def test_etcd_tls_can_be_turned_off_and_is_not_made_for_an_external_etcd() -> No
     assert secret_mounts(etcd) == {}
     assert not [d for d in docs if d["kind"] == "Secret" and "-etcd-" in d["metadata"]["name"]]
     placement = find(docs, "Deployment", "-placement")
-    assert not [e for e in container(placement)["env"] if e["name"].startswith("O41_ETCD_")]
+    assert not [e for e in container(placement)["env"] if e["name"] in TLS_FILES]
     assert (
         "http://" in container(placement)["args"][container(placement)["args"].index("--etcd") + 1]
     )

@@ -393,3 +393,88 @@ async def test_a_queue_refuses_none_from_any_client() -> None:
     await call(engine, "queue", "q", "offer", value=encoding.dumps(0))
     assert (await call(engine, "queue", "q", "poll"))["value"] == encoding.dumps(0)
     await engine.close()
+
+
+async def test_an_early_release_and_the_next_acquire_are_one_transaction() -> None:
+    """An early release (the SDK's) is answered before etcd frees the lock; an acquire
+    through the same replica within the linger takes the lock over in the same
+    transaction (a larger token); with nobody to take it, the release reaches etcd on
+    its own; nobody else can acquire the lock before it has."""
+    store = Counting()
+    engine = Engine(store)
+    holder_key = collection_prefix("ns", "job", "lock", "l") + b"holder"
+    first = await call(engine, "lock", "l", "acquire", owner="o1", session="s1")
+    assert first["acquired"]
+    warm = await call(engine, "lock", "other", "acquire", owner="w", session="s2")
+    await call(engine, "lock", "other", "release", owner="w", token=warm["token"], session="s2")
+    store.txns = 0  # s2's lease is granted now (once per session)
+    early = {"owner": "o1", "token": first["token"], "session": "s1", "early": True}
+    assert await call(engine, "lock", "l", "release", **early) == {"accepted": True}
+    assert store.txns == 0  # answered before etcd
+    second = await call(engine, "lock", "l", "acquire", owner="o2", session="s2")
+    assert second["acquired"] and second["token"] > first["token"]
+    assert store.txns == 1  # the release and the acquisition at once
+    kv = await store.get(holder_key)
+    assert kv is not None and kv.value == b"o2"
+
+    # nobody takes it over: the release goes to etcd after the linger, by itself
+    late = {"owner": "o2", "token": second["token"], "session": "s2", "early": True}
+    assert await call(engine, "lock", "l", "release", **late) == {"accepted": True}
+    assert await store.get(holder_key) is not None  # still held: nobody else gets it yet
+    await until(lambda: holder_key not in store._data, "the release to reach the store")
+    await engine.close()
+
+
+async def test_an_early_release_is_retried_until_the_store_takes_it() -> None:
+    """etcd cannot answer when the release is sent: it is tried again until it can."""
+
+    class Failing(MemoryStore):
+        fail = 2
+
+        async def txn(
+            self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+        ) -> TxnResult:
+            if any(isinstance(op, Put) for op in success) or not self.fail:
+                return await super().txn(compare, success, failure)
+            self.fail -= 1
+            raise StoreUnavailable("etcd has no majority (simulated)")
+
+    store = Failing()
+    engine = Engine(store)
+    holder_key = collection_prefix("ns", "job", "lock", "l") + b"holder"
+    held = await call(engine, "lock", "l", "acquire", owner="o1", session="s1")
+    early = {"owner": "o1", "token": held["token"], "session": "s1", "early": True}
+    assert await call(engine, "lock", "l", "release", **early) == {"accepted": True}
+    await until(lambda: holder_key not in store._data, "the release to be retried")
+    assert store.fail == 0
+    await engine.close()
+
+
+async def test_waiters_arriving_during_a_hold_ride_the_hand_over() -> None:
+    """Waiters that arrive through a replica that follows the lock write their keys with
+    the next hand-over's transaction: one transaction per hand-over, arrival order kept."""
+    store = Counting()
+    engine = Engine(store)
+    held = await call(engine, "lock", "l", "acquire", owner="o0", session="s0")
+    first = asyncio.ensure_future(call(engine, "lock", "l", "acquire", owner="o1", session="s1"))
+    waiters = collection_prefix("ns", "job", "lock", "l") + b"w/"
+    await until(lambda: bool(store._data.get(waiters + b"o1")), "the first waiter in line")
+    later = [
+        asyncio.ensure_future(call(engine, "lock", "l", "acquire", owner=f"o{i}", session=f"s{i}"))
+        for i in (2, 3)
+    ]
+    await asyncio.sleep(0)
+    store.txns = 0
+    release = {"owner": "o0", "token": held["token"], "session": "s0", "early": True}
+    await call(engine, "lock", "l", "release", **release)
+    got = await first
+    assert got["acquired"]
+    assert store.txns == 1  # the hand-over, with the two arrivals' keys
+    assert [kv.key for kv in await store.range(waiters)] == [waiters + b"o2", waiters + b"o3"]
+    token = got["token"]
+    for i, waiter in zip((1, 2), later, strict=True):
+        await call(
+            engine, "lock", "l", "release", owner=f"o{i}", token=token, session=f"s{i}", early=True
+        )
+        token = (await waiter)["token"]
+    await engine.close()

@@ -344,3 +344,40 @@ def test_an_operation_cut_short_is_not_called_unrun() -> None:
         running.stop()
     assert len(waited) == 1 and isinstance(waited[0], Unavailable), waited
     assert "1001" in str(waited[0]) and "did not answer" in str(waited[0]), waited
+
+
+def test_a_release_is_not_waited_for_and_is_never_lost(
+    service: ServiceThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock's release is sent without waiting (its answer is read before the next
+    one's): another client gets the lock; a release whose answer went with the
+    connection is sent again, waiting; one the service refused is sent again and its
+    failure logged; closing the transport reads what is still unanswered."""
+    client, other = service.client(), service.client()
+    transport = transport_of(client)
+    holder = f"/o41/collections/team-a/{client.compute}/lock/l/holder".encode()
+    lock = client.lock("l", ttl=10)
+    assert lock.acquire(timeout=0)
+    lock.release()
+    conn = transport._local.conn
+    assert len(conn.deferred) == 1  # sent, its answer not read yet
+    with other.lock("l", timeout=10) as theirs:  # no one is kept waiting by it
+        assert theirs.token > 0
+    assert client.dict("d").get("x") is None and not conn.deferred  # read on the way
+
+    # the connection breaks after the release was sent: it is sent again
+    assert lock.acquire(timeout=10)
+    lock.release()
+    transport._local.conn.sock.shutdown(2)
+    client.dict("d")["x"] = 1  # retried afresh, the release sent again first
+    assert client.dict("d")["x"] == 1
+    assert service.run(service.store.get(holder)) is None
+    assert lock.acquire(timeout=0)
+
+    # refused (a token the service cannot take): sent again, and said in the log
+    transport.send_later(client.compute, "lock", "l", "release", {"owner": "x", "token": 0})
+    assert client.dict("d")["x"] == 1  # the operation at hand is answered as ever
+    assert "failed again" in caplog.text and "token" in caplog.text
+    lock.release()
+    transport.close()  # reads the release's answer before it closes
+    wait_for(lambda: service.run(service.store.get(holder)) is None, 5, "the release")

@@ -111,6 +111,24 @@ async def test_range_is_sorted_limited_and_prefix_exact(store: Store, p: bytes) 
     assert await store.get(p + b"rr") is not None
 
 
+async def test_a_prefix_compare_is_over_every_key_under_it(store: Store, p: bytes) -> None:
+    """Compare(prefix=True), as etcd compares a range: each key under the prefix must
+    pass; none there compares as one absent key (a value compare then fails)."""
+    empty = Compare(p + b"w/", "create", "==", 0, prefix=True)
+    assert (await store.txn([empty], [])).succeeded
+    await store.put(p + b"w/a", b"1")
+    await store.put(p + b"wx", b"outside the prefix")
+    assert not (await store.txn([empty], [])).succeeded
+    assert (await store.txn([Compare(p + b"w/", "version", ">", 0, prefix=True)], [])).succeeded
+    await store.put(p + b"w/b", b"2")
+    assert not (
+        await store.txn([Compare(p + b"w/", "value", "==", b"1", prefix=True)], [])
+    ).succeeded
+    assert not (
+        await store.txn([Compare(p + b"v/", "value", "==", b"", prefix=True)], [])
+    ).succeeded
+
+
 async def test_txn_compares_and_branches(store: Store, p: bytes) -> None:
     k = p + b"t"
     # a missing key: version, create and mod compare as 0; a value compare fails

@@ -429,7 +429,14 @@ class Lock(_Collection):
         self._client.keeper.drop(self)
         held = self._held()
         self._token, self._owner = None, ""
-        self._call("release", **held)
+        # answered before etcd has freed it (nobody can take it before that: see locks.py),
+        # and not waited for: its answer is read before the next operation's
+        args = {**held, "early": True, "consistency": self.consistency}
+        send_later = getattr(self._client.transport, "send_later", None)
+        if send_later is None:
+            self._client.transport.call(self._client.compute, self.kind, self.name, "release", args)
+        else:
+            send_later(self._client.compute, self.kind, self.name, "release", args)
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -458,15 +465,17 @@ class _Keeper:
         self._due: builtins.dict[Lock, float] = {}
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the thread wakes next by itself
 
     def hold(self, lock: Lock) -> None:
         with self._changed:
             lock._alive = time.monotonic()
-            self._due[lock] = lock._alive + lock.ttl / 3
+            due = self._due[lock] = lock._alive + lock.ttl / 3
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="o41-locks", daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            elif due < self._wakes_at:  # else it wakes in time anyway: no thread switch
+                self._changed.notify()
 
     def drop(self, lock: Lock) -> None:
         with self._changed:
@@ -478,8 +487,9 @@ class _Keeper:
                 now = time.monotonic()
                 due = [lock for lock, at in self._due.items() if at <= now]
                 if not due:
-                    wait = min(self._due.values(), default=now + 60) - now
-                    self._changed.wait(max(0.01, wait))
+                    wait = max(0.01, min(self._due.values(), default=now + 60) - now)
+                    self._wakes_at = now + wait
+                    self._changed.wait(wait)
                     continue
                 for lock in due:
                     self._due[lock] = now + lock.ttl / 3

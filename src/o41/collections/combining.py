@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from o41.collections.checks import Busy, counter_value
-from o41.state import Compare, Delete, Get, Op, Put, Store
+from o41.state import Compare, Get, Op, Put, Store
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
 
@@ -126,6 +126,7 @@ class StrongQueue:
         self.offers: Combiner[bytes, None] = Combiner(self.offer_batch, MAX_TXN_OPS - 1)
         self.polls: Combiner[None, bytes | None] = Combiner(self._poll, MAX_TXN_OPS)
         self.head = 0  # where this replica expects the head item (0: not known)
+        self.others = False  # whether the last read found offers this replica did not make
 
     async def offer_batch(self, values: list[bytes]) -> list[None]:
         for _ in range(100):
@@ -147,56 +148,37 @@ class StrongQueue:
         self.known = (counter_value(kv), kv.mod_revision if kv else 0)
 
     async def _poll(self, polls: list[None]) -> list[bytes | None]:
-        """Claim up to ``len(polls)`` head items at once, in one transaction when the head
+        """Claim up to ``len(polls)`` head items at once, in one round trip when the head
         is where this replica expects it (the item after the last it claimed, or the first
-        a failed claim read): guarded on those keys existing, it deletes them and answers
-        their values; else it reads the head instead (its failure branch) and the next
-        transaction claims what it read. A poller gets ``None`` only when a linearizable
-        read found the queue empty (then it was empty at that instant)."""
+        a read found): a delete of the keys from there, answering those it deleted (of
+        concurrent deletes of a key exactly one gets it, so each item goes to one poller;
+        and no item older than the head is left, so those are the oldest). When this
+        replica knows of no offer past the head (and none came through others lately), it
+        reads the head first instead, so that polls of an empty queue cost one round
+        trip. A poller gets ``None`` only when a linearizable read found the queue empty
+        (then it was empty at that instant)."""
         got: list[bytes | None] = []
-        conflicts = 0
         while len(got) < len(polls):
-            want = len(polls) - len(got) if conflicts < 3 else 1
+            want = len(polls) - len(got)
             span = self.known[0] - self.head + 1  # items this replica knows were offered
-            if self.head and span >= 1:
-                want = min(want, span)
-            if self.head:
-                keys = [self.items + b"%020d" % (self.head + i) for i in range(want)]
-                claim = await self.store.txn(
-                    [Compare(k, "version", ">", 0) for k in keys],
-                    [Delete(k) for k in keys],
-                    [Get(self.items, prefix=True, limit=want)],
-                )
-                if claim.succeeded:
-                    got += [found[0].value for found in claim.results]
-                    self.head += want
+            if self.head and (span >= 1 or self.others):
+                if span >= 1 and not self.others:
+                    want = min(want, span)
+                taken = await self.store.take(self._key(self.head), self._key(self.head + want))
+                if taken:
+                    got += [kv.value for kv in taken]
+                    self.head = _sequence(taken[-1].key) + 1
                     continue
-                heads = claim.results[0]
-                conflicts += 1
-            else:
-                heads = tuple(await self.store.range(self.items, limit=want))
+            heads = await self.store.range(self.items, limit=1)
             if not heads:
+                self.others = False
                 break
-            first = _sequence(heads[0].key)
-            contiguous = 1
-            while (
-                contiguous < len(heads) and _sequence(heads[contiguous].key) == first + contiguous
-            ):
-                contiguous += 1
-            if not self.head or first != self.head:
-                self.head = first  # look there next time (one round trip again)
-                continue
-            # the expected head is there but the items after it are not all there: claim
-            # what was read, each guarded on its mod revision
-            found = heads[:contiguous]
-            taken = await self.store.txn(
-                [Compare(kv.key, "mod", "==", kv.mod_revision) for kv in found],
-                [Delete(kv.key) for kv in found],
-            )
-            if taken.succeeded:
-                got += [kv.value for kv in found]
-                self.head = first + len(found)
+            self.head = _sequence(heads[0].key)
+            self.others = self.head > self.known[0]  # offers through other replicas
         return got + [None] * (len(polls) - len(got))
+
+    def _key(self, sequence: int) -> bytes:
+        return self.items + b"%020d" % sequence
 
 
 def _sequence(key: bytes) -> int:

@@ -716,6 +716,7 @@ class Engine:
         except Exception:
             self.stats.lost_on_close = self.buffered
             log.exception("%d eventual writes not written at shutdown", self.buffered)
+        await self.locks.drain(5.0)  # early lock releases still under way
         self._closed = True
         self.locks.close()
         for replica in self._replicas.values():

@@ -25,6 +25,14 @@ waiter's key; otherwise it deletes the holder key, and the first waiter (by crea
 revision) claims it when its replica's watch sees the deletion. Each replica keeps one
 watch per lock it has waiters on, and wakes only the waiter concerned: the one handed the
 lock, or the first when the holder key went (its lease expired).
+
+Fewer transactions (issue 18): an early release (the SDK's) is answered before etcd has
+it; when this replica knows no waiter it lingers :data:`LINGER`, and an acquire through
+this replica meanwhile takes the lock over in one transaction (guarded on the releaser
+and on no waiter key in etcd), else it goes to etcd in the background, retried while etcd
+cannot answer. A waiter arriving while this replica follows the held lock writes its key
+in the next hand-over's transaction (or alone after :data:`ARRIVAL_WAIT`, or at once
+when the lock is seen free).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from o41.collections.checks import float_arg, id_arg, int_arg
@@ -67,6 +76,8 @@ class View:
         self.local: dict[bytes, asyncio.Event] = {}  # owner -> its waiting request here
         self.task: asyncio.Task[None] | None = None
         self.broken = False
+        self.arriving: list[_Arrival] = []  # waiters whose keys ride the next hand-over
+        self._timer: asyncio.TimerHandle | None = None
 
     # what is known
 
@@ -93,7 +104,68 @@ class View:
 
     def delete(self, key: bytes, revision: int) -> None:
         self._set(key, None, revision)
+        if key == self.holder_key and self.holder is None and self.arriving:
+            self._write_arrivals()  # the lock is free: they may be first
         self._wake()
+
+    # arrivals that ride the next hand-over
+
+    def deferrable(self, owner: bytes) -> bool:
+        """Whether a new waiter's key can wait for the next hand-over through this
+        replica: the lock is held by another, and the watch follows it."""
+        h = self.holder
+        return (
+            not self.broken
+            and self.task is not None
+            and not self.task.done()
+            and h is not None
+            and h.value != owner
+        )
+
+    def arrive(self, key: bytes, owner: bytes, lease: int) -> asyncio.Future[int]:
+        """Queue a waiter's key for the next transaction on this lock (a hand-over), or
+        on its own after :data:`ARRIVAL_WAIT`: its create revision, once written."""
+        loop = asyncio.get_running_loop()
+        arrival = _Arrival(key, owner, lease, loop.create_future())
+        self.arriving.append(arrival)
+        if self._timer is None:
+            self._timer = loop.call_later(ARRIVAL_WAIT, self._write_arrivals)
+        return arrival.done
+
+    def take_arrivals(self) -> list[_Arrival]:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        taken, self.arriving = self.arriving, []
+        return taken
+
+    def settle(self, arrivals: list[_Arrival], revision: int) -> None:
+        """The arrivals' keys were written at ``revision`` (their create revision)."""
+        for a in arrivals:
+            self.put(KeyValue(a.key, a.owner, revision, revision, 1, a.lease))
+            if not a.done.done():
+                a.done.set_result(revision)
+
+    @staticmethod
+    def fail(arrivals: list[_Arrival], error: BaseException) -> None:
+        for a in arrivals:
+            if not a.done.done():
+                a.done.set_exception(error)
+
+    def _write_arrivals(self) -> None:
+        taken = self.take_arrivals()
+        if taken:
+            asyncio.get_running_loop().create_task(self._write(taken))
+
+    async def _write(self, arrivals: list[_Arrival]) -> None:
+        try:
+            result = await self.store.txn(
+                [], [Put(a.key, a.owner, lease=a.lease) for a in arrivals]
+            )
+        except (StoreUnavailable, LeaseNotFound) as e:
+            self.fail(arrivals, e)
+        else:
+            self.settle(arrivals, result.revision)
 
     def load(self, holder: tuple[KeyValue, ...], waiters: tuple[KeyValue, ...], rev: int) -> None:
         """A snapshot read at revision ``rev``."""
@@ -150,6 +222,31 @@ class View:
             self.task = None
 
 
+LINGER = 0.002  # seconds an early release waits for an acquire through this replica
+ARRIVAL_WAIT = 0.01  # seconds a new waiter's key waits for a hand-over to ride with
+
+
+@dataclass
+class _Arrival:
+    """A waiter whose key is written with the next transaction on its lock."""
+
+    key: bytes
+    owner: bytes
+    lease: int
+    done: asyncio.Future[int]
+
+
+@dataclass
+class _Leaving:
+    """An early release not sent to etcd yet: an acquire through this replica within
+    :data:`LINGER` takes the lock over from it in one transaction."""
+
+    owner: bytes
+    token: int
+    args: dict[str, Any]
+    timer: asyncio.TimerHandle | None = None
+
+
 class Locks:
     """The lock operations of an engine (acquire, keepalive, release)."""
 
@@ -158,6 +255,8 @@ class Locks:
         self.max_wait = max_wait
         self._views: dict[bytes, View] = {}
         self._sessions: dict[bytes, int] = {}  # session key -> its lease (a cache)
+        self._releasing: set[asyncio.Task[None]] = set()  # early releases under way
+        self._leaving: dict[bytes, _Leaving] = {}  # lock prefix -> an early release lingering
         self._closed = False
 
     # sessions
@@ -196,6 +295,8 @@ class Locks:
         return view
 
     def _done_waiting(self, view: View, owner: bytes) -> None:
+        if any(a.owner == owner for a in view.arriving):  # cancelled before its key went
+            view.arriving = [a for a in view.arriving if a.owner != owner]
         view.local.pop(owner, None)
         if not view.local:  # nobody waits here: no watch (a later waiter reads again)
             view.stop()
@@ -225,34 +326,56 @@ class Locks:
         try:
             while True:
                 lease = await self._session_lease(session_key, ttl)
-                try:
-                    result = await self.store.txn(
-                        [Compare(holder, "version", "==", 0)],
-                        [Put(holder, owner, lease=lease)],
-                        [
-                            Get(holder),
-                            Put(me, owner, lease=lease),
-                            Get(prefix + b"w/", prefix=True),
-                        ],
-                    )
-                except LeaseNotFound:
-                    self._sessions.pop(session_key, None)  # it expired: a new one
-                    continue
-                refreshed = time.monotonic()
-                if result.succeeded:
-                    held = True
-                    return {"acquired": True, "token": result.revision}
-                current = result.results[0][0] if result.results[0] else None
-                if current is not None and current.value == owner:  # retried: ours already
-                    held = True
-                    await self._withdraw(me, 0)
-                    return {"acquired": True, "token": current.mod_revision}
-                mine = next(kv.create_revision for kv in result.results[2] if kv.key == me)
-                if view is None:
-                    view = self._view(prefix)
-                    view.local[owner] = event
-                view.load(result.results[0], result.results[2], result.revision)
-                view.follow(result.revision + 1)
+                leaving = self._leaving.pop(prefix, None)
+                if leaving is not None:
+                    token = await self._take_over(prefix, leaving, owner, me, mine, lease)
+                    if token:
+                        held = True
+                        return {"acquired": True, "token": token}
+                    if token is None:  # the session's lease expired: a new one
+                        self._sessions.pop(session_key, None)
+                        continue
+                following = self._views.get(prefix)
+                if not mine and following is not None and following.deferrable(owner):
+                    if view is None:  # wait here, and ride the next hand-over's transaction
+                        view = following
+                        view.local[owner] = event
+                    try:
+                        mine = await view.arrive(me, owner, lease)
+                    except LeaseNotFound:
+                        self._sessions.pop(session_key, None)
+                        continue
+                    refreshed = time.monotonic()
+                else:
+                    try:
+                        result = await self.store.txn(
+                            [Compare(holder, "version", "==", 0)],
+                            # arriving again (a watch ended): the waiter key of before goes
+                            [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
+                            [
+                                Get(holder),
+                                Put(me, owner, lease=lease),
+                                Get(prefix + b"w/", prefix=True),
+                            ],
+                        )
+                    except LeaseNotFound:
+                        self._sessions.pop(session_key, None)  # it expired: a new one
+                        continue
+                    refreshed = time.monotonic()
+                    if result.succeeded:
+                        held = True
+                        return {"acquired": True, "token": result.revision}
+                    current = result.results[0][0] if result.results[0] else None
+                    if current is not None and current.value == owner:  # retried: ours already
+                        held = True
+                        await self._withdraw(me, 0)
+                        return {"acquired": True, "token": current.mod_revision}
+                    mine = next(kv.create_revision for kv in result.results[2] if kv.key == me)
+                    if view is None:
+                        view = self._view(prefix)
+                        view.local[owner] = event
+                    view.load(result.results[0], result.results[2], result.revision)
+                    view.follow(result.revision + 1)
                 while True:
                     event.clear()
                     h = view.holder
@@ -283,14 +406,49 @@ class Locks:
                     if now - refreshed > ttl / 3:
                         await self.store.lease_keepalive(lease)
                         refreshed = now
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), min(deadline - now, ttl / 3))
+                    with contextlib.suppress(TimeoutError):  # no task per wait, as wait_for
+                        async with asyncio.timeout(min(deadline - now, ttl / 3)):
+                            await event.wait()
         finally:
             if view is not None:
                 self._done_waiting(view, owner)
             if not shared and not held:
                 await self._drop(lease)
                 self._sessions.pop(session_key, None)
+
+    async def _take_over(
+        self, prefix: bytes, leaving: _Leaving, owner: bytes, me: bytes, mine: int, lease: int
+    ) -> int | None:
+        """An acquire that finds this lock's early release still lingering here takes the
+        lock from the releaser in one transaction, the release and the acquisition at
+        once, if nobody waits in etcd (else the release goes ahead and this acquire
+        arrives as any other): its token, 0 when it did not, None when its session's
+        lease is gone (the release then goes ahead too)."""
+        if leaving.timer is not None:
+            leaving.timer.cancel()
+        holder = prefix + b"holder"
+        try:
+            result = await self.store.txn(
+                [
+                    Compare(holder, "value", "==", leaving.owner),
+                    Compare(holder, "mod", "==", leaving.token),
+                    Compare(prefix + b"w/", "create", "==", 0, prefix=True),  # no waiter
+                ],
+                [Put(holder, owner, lease=lease), *([Delete(me)] if mine else [])],
+            )
+        except LeaseNotFound:
+            self._leave(prefix, leaving)
+            return None
+        except StoreUnavailable:
+            self._leave(prefix, leaving)  # retried until etcd answers
+            raise
+        if not result.succeeded:
+            self._leave(prefix, leaving)
+            return 0
+        view = self._views.get(prefix)
+        if view is not None:
+            view.put(KeyValue(holder, owner, result.revision, result.revision, 1, lease))
+        return result.revision
 
     async def _claim(
         self, view: View, holder: bytes, me: bytes, owner: bytes, mine: int, lease: int
@@ -335,21 +493,101 @@ class Locks:
     async def release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Free the lock if ``owner`` with this token holds it, in one transaction: handed
         over to the first waiter when this replica knows it, else deleted (the first waiter
-        claims it). Whether it was still held."""
+        claims it). Whether it was still held.
+
+        ``early``: answered at once (``{"accepted": true}``), before etcd has taken the
+        transaction: nobody else can acquire the lock until it has, so the caller loses
+        nothing by not waiting. The transaction is retried while etcd cannot answer (it is
+        guarded on the owner and token, so a repeat that finds it done does nothing); if
+        this replica dies first, the holder key goes with its lease."""
         holder, owner, token = self._held(prefix, args)
+        if args.get("early") is not True or self._closed:
+            return await self._release(prefix, holder, owner, token, args)
+        leaving = _Leaving(owner, token, args)
+        view = self._views.get(prefix)
+        known = view is not None and not view.broken and view.first() is not None
+        if known or "session" not in args or prefix in self._leaving:
+            self._leave(prefix, leaving)  # handed over now (or an old client's own lease)
+        else:  # an acquire through this replica within LINGER takes it over in one txn
+            self._leaving[prefix] = leaving
+            leaving.timer = asyncio.get_running_loop().call_later(
+                LINGER, self._leave, prefix, leaving
+            )
+        return {"accepted": True}
+
+    def _leave(self, prefix: bytes, leaving: _Leaving) -> None:
+        """Send an early release to etcd now (in the background, retried)."""
+        if self._leaving.get(prefix) is leaving:
+            del self._leaving[prefix]
+        if leaving.timer is not None:
+            leaving.timer.cancel()
+            leaving.timer = None
+        task = asyncio.get_running_loop().create_task(
+            self._release_for_sure(
+                prefix, prefix + b"holder", leaving.owner, leaving.token, leaving.args
+            )
+        )
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_for_sure(
+        self, prefix: bytes, holder: bytes, owner: bytes, token: int, args: dict[str, Any]
+    ) -> None:
+        """An early release, retried (with a growing pause, at most 1 s) until etcd has
+        answered it; given up only when the service closes (the lease then bounds it)."""
+        pause = 0.05
+        while True:
+            try:
+                await self._release(prefix, holder, owner, token, args)
+            except StoreUnavailable as e:
+                if self._closed:
+                    log.warning("a lock's release was not written (%s); its lease bounds it", e)
+                    return
+                log.info("a lock's release failed (%s); trying again in %g s", e, pause)
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+            else:
+                return
+
+    async def drain(self, within: float) -> None:
+        """Send the lingering early releases, and wait (at most ``within`` seconds) for
+        those under way."""
+        for prefix, leaving in list(self._leaving.items()):
+            self._leave(prefix, leaving)
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=within)
+
+    async def _release(
+        self, prefix: bytes, holder: bytes, owner: bytes, token: int, args: dict[str, Any]
+    ) -> dict[str, Any]:
         mine = [Compare(holder, "value", "==", owner), Compare(holder, "mod", "==", token)]
         view = self._views.get(prefix)
         successor = view.first() if view is not None and not view.broken else None
         if view is not None and successor is not None:
+            # the waiters that arrived here meanwhile write their keys in this transaction
+            arrivals = view.take_arrivals()
+            puts = [Put(a.key, a.owner, lease=a.lease) for a in arrivals]
             try:
                 result = await self.store.txn(
                     [*mine, Compare(successor.key, "create", "==", successor.create_revision)],
-                    [Put(holder, successor.value, lease=successor.lease), Delete(successor.key)],
-                    [Get(holder)],
+                    [
+                        Put(holder, successor.value, lease=successor.lease),
+                        Delete(successor.key),
+                        *puts,
+                    ],
+                    [Get(holder), *puts],
                 )
-            except LeaseNotFound:  # that waiter's session just expired: free it plainly
+            except LeaseNotFound as e:  # a session just expired: free it plainly
+                if arrivals:  # perhaps an arrival's: they arrive again, this goes on alone
+                    view.fail(arrivals, e)
+                    return await self._release(prefix, holder, owner, token, args)
                 view.delete(successor.key, view.seen.get(successor.key, 0) + 1)
                 successor = None
+            except BaseException as e:
+                view.fail(arrivals, e if isinstance(e, Exception) else StoreUnavailable(str(e)))
+                raise
+            else:
+                view.settle(arrivals, result.revision)
         if view is not None and successor is not None:
             if result.succeeded:
                 view.put(KeyValue(holder, successor.value, 0, result.revision, 0, successor.lease))
@@ -361,6 +599,7 @@ class Locks:
             # that waiter went meanwhile: free it plainly
         result = await self.store.txn(mine, [Delete(holder)])
         if result.succeeded:
+            view = self._views.get(prefix)  # a waiter may have arrived meanwhile
             if view is not None:
                 view.delete(holder, result.revision)
             deleted = result.results[0]

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import select
 import socket
@@ -23,6 +24,8 @@ import urllib.parse
 from typing import Any, Protocol
 
 from o41.collections import values
+
+_log = logging.getLogger(__name__)
 
 ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
 ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
@@ -162,6 +165,8 @@ class _Connection:
         self.used_at = time.monotonic()
         self.fresh = True
         self.websocket = False
+        # operations sent without waiting for their answers, which come first (in order)
+        self.deferred: list[tuple[str, str, str, str, dict[str, Any]]] = []
 
     def dropped(self) -> bool:
         """The server closed this idle connection (readable before we asked: EOF, or a
@@ -337,7 +342,8 @@ class HttpTransport:
         """This thread's connection; a new one if the last is gone or idle too long."""
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and (
-            time.monotonic() - conn.used_at > IDLE_CONNECTION or conn.dropped()
+            time.monotonic() - conn.used_at > IDLE_CONNECTION
+            or (not conn.deferred and conn.dropped())  # else answers are there to read
         ):
             self._drop(conn)
             conn = None
@@ -389,6 +395,7 @@ class HttpTransport:
         if conn.websocket:
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
             conn.send(json.dumps(message, separators=(",", ":")).encode())
+            self._settle(conn)
             answer = json.loads(conn.receive())
             if not isinstance(answer, dict):
                 raise ValueError("the answer is not a JSON object")
@@ -405,14 +412,72 @@ class HttpTransport:
             return status, None, _message(status, data)
         return status, json.loads(data), ""
 
+    def _settle(self, conn: _Connection) -> None:
+        """Read the answers of the operations sent without waiting (they come before the
+        next one's); one refused is sent again, waiting, after the operation at hand."""
+        while conn.deferred:
+            answer = json.loads(conn.receive())
+            sent = conn.deferred.pop(0)
+            if not isinstance(answer, dict) or answer.get("status") != 200:
+                self._redo().append(sent)
+
+    def _redo(self) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+        redo: list[tuple[str, str, str, str, dict[str, Any]]] | None = getattr(
+            self._local, "redo", None
+        )
+        if redo is None:
+            redo = self._local.redo = []
+        return redo
+
+    def _send_again(self) -> None:
+        """The operations sent without waiting that were refused or whose answer was lost
+        with the connection: sent again, waiting for the answer (they are idempotent)."""
+        redo = self._redo()
+        while redo:
+            compute, kind, name, op, args = redo.pop(0)
+            args = {k: v for k, v in args.items() if k != "early"}  # answered after etcd now
+            try:
+                self.call(compute, kind, name, op, args)
+            except CollectionError as e:
+                _log.warning("%s %s of %s/%s failed again: %s", kind, op, compute, name, e)
+
+    def send_later(self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]) -> None:
+        """Send an idempotent operation without waiting for its answer (a lock's early
+        release): the answer is read before the next operation's on this thread's
+        connection, and the operation sent again, waiting, if it was refused or the
+        connection went before its answer. Over HTTP POSTs: :meth:`call`."""
+        conn = self._connection()
+        if not conn.websocket:
+            self.call(compute, kind, name, op, args)
+            return
+        message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
+        try:
+            conn.send(json.dumps(message, separators=(",", ":")).encode())
+        except OSError:
+            self._drop(conn)
+            self.call(compute, kind, name, op, args)
+            return
+        conn.deferred.append((compute, kind, name, op, args))
+
     def _drop(self, conn: _Connection) -> None:
+        self._redo().extend(conn.deferred)  # their answers are lost: send them again
+        conn.deferred.clear()
         conn.close()
         self._local.conn = None
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError, _Closed):
+                self._settle(conn)
             self._drop(conn)
+            if self._redo():
+                with contextlib.suppress(CollectionError):
+                    self._send_again()
+                conn = getattr(self._local, "conn", None)
+                if conn is not None:
+                    conn.close()
+                    self._local.conn = None
 
     def call(
         self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
@@ -440,9 +505,14 @@ class HttpTransport:
                 self._drop(conn)
                 failure = e
             else:
+                if self._redo():
+                    self._send_again()
                 if status != 200:
                     raise error_for(status, error)
                 return _decoded(result)
+            if self._redo():
+                with contextlib.suppress(CollectionError):
+                    self._send_again()
             if attempt == 0 and reused and retry_safe:
                 continue  # a kept-alive connection that died: once more, afresh
             raise Unavailable(

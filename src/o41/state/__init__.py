@@ -28,13 +28,16 @@ class KeyValue:
 class Compare:
     """A transaction guard on one key: ``target`` of ``key`` ``op`` ``value``.
 
-    target "version" with value 0 means "the key does not exist".
+    target "version" with value 0 means "the key does not exist". ``prefix``: every key
+    under ``key`` must pass, as etcd compares a range; none there compares as one absent
+    key (so ``Compare(p, "version", "==", 0, prefix=True)``: nothing under ``p``).
     """
 
     key: bytes
     target: Literal["value", "version", "create", "mod"]
     op: Literal["==", "!=", "<", ">"]
     value: bytes | int
+    prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,12 @@ class Store(Protocol):
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int: ...
 
     async def delete(self, key: bytes, *, prefix: bool = False) -> int: ...
+
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        """Delete the keys in [``start``, ``end``) and answer them as they were, in key
+        order (etcd's DeleteRange with its previous values, one round trip): of
+        concurrent takes of one key, exactly one gets it."""
+        ...
 
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()

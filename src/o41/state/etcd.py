@@ -139,6 +139,8 @@ def _kv(kv: Any) -> KeyValue:
 
 def _compare(c: Compare) -> Any:
     message = rpc.Compare(key=c.key, target=_TARGETS[c.target], result=_RESULTS[c.op])
+    if c.prefix:
+        message.range_end = prefix_end(c.key)
     if c.target == "value":
         if not isinstance(c.value, bytes):
             raise TypeError(f"a value compare takes bytes, not {type(c.value).__name__}")
@@ -522,6 +524,11 @@ class EtcdStore:
         request = rpc.DeleteRangeRequest(key=key, range_end=prefix_end(key) if prefix else b"")
         answer = await self._call("KV", "DeleteRange", request, write=True, what=f"delete {key!r}")
         return int(answer.deleted)
+
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        request = rpc.DeleteRangeRequest(key=start, range_end=end, prev_kv=True)
+        answer = await self._call("KV", "DeleteRange", request, write=True, what=f"take {start!r}")
+        return [_kv(kv) for kv in answer.prev_kvs]
 
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()

@@ -104,6 +104,16 @@ class MemoryStore:
                 self._delete(kv.key)
         return len(found)
 
+    async def take(self, start: bytes, end: bytes) -> list[KeyValue]:
+        self._check()
+        lo = bisect.bisect_left(self._keys, start)
+        found = [self._data[k] for k in self._keys[lo : bisect.bisect_left(self._keys, end)]]
+        if found:
+            self._revision += 1
+            for kv in found:
+                self._delete(kv.key)
+        return found
+
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
@@ -135,7 +145,14 @@ class MemoryStore:
         return TxnResult(ok, self._revision, tuple(results))
 
     def _compare(self, c: Compare) -> bool:
-        kv = self._data.get(c.key)
+        if c.prefix:  # as etcd: every key of the range, or one absent key if none
+            found = self._range(c.key, True)
+            return (
+                all(self._compare_kv(c, kv) for kv in found) if found else self._compare_kv(c, None)
+            )
+        return self._compare_kv(c, self._data.get(c.key))
+
+    def _compare_kv(self, c: Compare, kv: KeyValue | None) -> bool:
         if c.target == "value":
             if kv is None:
                 return False  # as etcd: a value compare on a missing key fails
