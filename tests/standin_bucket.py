@@ -69,7 +69,7 @@ class Storage:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        path, q = "/" + request.match_info["path"], request.query
+        path, q = request.rel_url.raw_path, request.query  # as signed: quoted
         expires = int(q.get("expires", "0"))
         extra = f"{q.get('uploadId', '')}/{q.get('partNumber', '')}"
         want = _signature(request.method, path, expires, extra)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
@@ -433,6 +433,10 @@ async def commit(
     pending = Pending.load(found.value)
     if pending.namespace != namespace:
         raise problem(403, f"write {version!r} began in another namespace")
+    if pending.manifest is not None:
+        raise problem(
+            409, f"write {version!r} is a directory: commit it at /v1/directories/{version}/commit"
+        )
     metadata = pending.metadata
     if body.metadata is not None:
         metadata = check_metadata({**(metadata or {}), **body.metadata})
@@ -506,13 +510,15 @@ async def make_version(
     record: Version,
     tag: str | None,
     namespace: str,
+    extra: Sequence[Put] = (),
 ) -> bool:
     """One transaction turns the pending write into the version: its record, its index
     key (the artifact's next commit sequence number, newest first), the artifact's record
     (its count and latest) and the tag given at write time. The artifact's record is
     guarded by its revision, so commits of one artifact take sequence numbers one at a
     time; one that loses to another commit of the artifact takes the next number. False
-    when another commit of this very write made the version first (a replay)."""
+    when another commit of this very write made the version first (a replay). ``extra``:
+    more keys the version comes with (a directory's manifest)."""
     org, artifact, version = pending.organization, pending.artifact, pending.version
     akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
     for _ in range(COMMIT_ATTEMPTS):
@@ -530,6 +536,7 @@ async def make_version(
             Put(vkey, dumped),
             Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), dumped),
             Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+            *extra,
         ]
         if tag is not None:
             moved = Tag(version, record.committed, namespace)
@@ -565,11 +572,17 @@ async def read(
     location = app[VIEW].locations.get(record.location)
     if location is None:
         raise problem(503, f"location {record.location!r} is not known to the service yet")
+    how_far = locality(reader, location.cloud, location.region)
+    if record.files is not None:  # a directory: its files are read one by one, or all
+        return {
+            **located(record, location, str(how_far), ref, tag),
+            "download": None,
+            "files": record.files,
+        }
     opened = await bucket_for(app, location)
     download = await opened.sign(
         location.name, lambda: opened.bucket.presign_get(record.key, expires=DOWNLOAD_EXPIRES)
     )
-    how_far = locality(reader, location.cloud, location.region)
     app[USAGE].add(
         org.name,
         "read",
@@ -591,6 +604,25 @@ async def read(
         "size": record.size,
         "md5": record.md5,
         "download": signed(download),
+        "requested": ref,
+        "tag": tag,
+        "committed": record.committed,
+        "metadata": record.metadata or {},
+    }
+
+
+def located(
+    record: Version, location: Location, how_far: str, ref: str, tag: str | None
+) -> dict[str, Any]:
+    """What every read answer says of the version it read and where it lives."""
+    return {
+        "version": record.version,
+        "location": location.name,
+        "cloud": location.cloud,
+        "region": location.region,
+        "locality": how_far,
+        "size": record.size,
+        "md5": record.md5,
         "requested": ref,
         "tag": tag,
         "committed": record.committed,
