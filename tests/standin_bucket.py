@@ -61,6 +61,7 @@ class Storage:
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
+    gets: list[tuple[str, str | None, int]] = field(default_factory=list)  # path, Range, bytes
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -91,11 +92,15 @@ class Storage:
         if rng := request.headers.get("Range"):
             first, _, last = rng.removeprefix("bytes=").partition("-")
             start, end = int(first), min(int(last or len(found.data) - 1), len(found.data) - 1)
+            with self.lock:
+                self.gets.append((path, rng, end + 1 - start))
             return web.Response(
                 status=206,
                 body=found.data[start : end + 1],
                 headers={"Content-Range": f"bytes {start}-{end}/{len(found.data)}"},
             )
+        with self.lock:
+            self.gets.append((path, None, len(found.data)))
         return web.Response(body=found.data)
 
     def opener(self, ref: BucketRef) -> StandInBucket:
