@@ -354,3 +354,37 @@ async def test_a_file_version_is_not_a_directory(service: Service) -> None:
             "GET",
             f"/v1/organizations/{ORG}/artifacts/plain/versions/latest/files?download=yes",
         )
+
+
+async def test_a_retired_location_keeps_serving_its_directories(
+    service: Service, tmp_path: Path
+) -> None:
+    from o41.location_record import LocationRecord
+    from o41.locations import read_location
+    from o41.webhook.keys import VIEW
+
+    files = checkpoint(tmp_path / "ckpt")
+    west = Client(service.url, str(service.token), place=Place("aws", "us-west-2", "env"))
+    written = await asyncio.to_thread(west.write, ORG, "moved", tmp_path / "ckpt")
+    assert written.location == "west"
+    assert service.app is not None
+    created = "2026-01-02T00:00:00Z"
+    retired = {
+        "metadata": {"name": "west", "uid": "uid-west", "creationTimestamp": created},
+        "spec": {
+            "organization": ORG,
+            "cloud": "aws",
+            "region": "us-west-2",
+            "bucket": "bucket-west",
+            "backend": {"s3": {}},
+            "retired": True,
+        },
+    }
+    service.app[VIEW].put_location(
+        read_location(retired, LocationRecord("uid-west", "west", ready=True, ready_since=created))
+    )
+    out = tmp_path / "back"
+    got = await asyncio.to_thread(west.read, ORG, "moved", written.version, out)
+    assert (got.location, tree(out)) == ("west", files)
+    again = await asyncio.to_thread(west.write, ORG, "moved", tmp_path / "ckpt")
+    assert again.location == "east"  # no new writes to a retired location: the cloud's default
