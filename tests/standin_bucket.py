@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 
@@ -211,3 +211,15 @@ class StandInBucket:
             return None
         md5 = None if found.crc32 else hashlib.md5(found.data).hexdigest()
         return ObjectStat(size=len(found.data), md5=md5, crc32=found.crc32)
+
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        start = self._path(prefix)
+        with self._storage.lock:
+            held = {p: o for p, o in self._storage.objects.items() if p.startswith(start)}
+        base = f"/{self.ref.bucket}/"
+        return {
+            unquote(p.removeprefix(base)): ObjectStat(
+                size=len(o.data), md5=None if o.crc32 else hashlib.md5(o.data).hexdigest()
+            )
+            for p, o in held.items()
+        }

@@ -388,3 +388,32 @@ async def test_a_retired_location_keeps_serving_its_directories(
     assert (got.location, tree(out)) == ("west", files)
     again = await asyncio.to_thread(west.write, ORG, "moved", tmp_path / "ckpt")
     assert again.location == "east"  # no new writes to a retired location: the cloud's default
+
+
+async def test_a_listing_whose_etags_are_no_md5s_is_checked_by_heads(tmp_path: Path) -> None:
+    """S3 with SSE-KMS lists ETags that look like MD5s and are not: the commit asks the
+    bucket (a HEAD) about each file its listing disagrees on, and accepts what the HEAD
+    says is right; the listing alone decides nothing."""
+    from standin_bucket import StandInBucket, Storage
+
+    heads: list[str] = []
+
+    class Kms(StandInBucket):
+        def list_under(self, prefix: str) -> dict[str, Any]:
+            from o41.storage import ObjectStat
+
+            listed = super().list_under(prefix)
+            return {k: ObjectStat(size=s.size, md5="f" * 32) for k, s in listed.items()}
+
+        def stat(self, key: str) -> Any:
+            heads.append(key)
+            found = super().stat(key)
+            return None if found is None else type(found)(size=found.size)  # no MD5 shown
+
+    def opener(storage: Storage) -> Any:
+        return lambda ref: Kms(ref, storage)
+
+    async for service in serve(tmp_path, opener):
+        files = checkpoint(tmp_path / "ckpt")
+        written = await asyncio.to_thread(sdk(service).write, ORG, "kms", tmp_path / "ckpt")
+        assert written.files == len(files) and len(heads) == len(files)

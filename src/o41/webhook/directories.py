@@ -58,7 +58,7 @@ from o41.webhook.writes import (
     signed,
 )
 
-#: The bucket requests of one commit's checks (a HEAD per file) in flight at once.
+#: HEADs in flight at once when a commit checks files its listing disagrees on.
 PARALLEL_CHECKS = 16
 
 
@@ -184,15 +184,30 @@ async def begin(app: web.Application, namespace: str, body: DirectoryBeginIn) ->
     }
 
 
-async def _held(opened: OpenBucket, location: str, keys: list[str]) -> list[ObjectStat | None]:
-    """What the bucket holds for each key, a bounded number of requests at a time."""
+async def _held(
+    opened: OpenBucket, location: str, prefix: str, entries: list[FileEntry]
+) -> list[ObjectStat | None]:
+    """What the bucket holds for each file: one listing of the version's prefix (a
+    request per 1,000 keys), then a HEAD of each file the listing shows with another size
+    or MD5, since a listing's ETag may not be an MD5 (S3 with SSE-KMS) where a HEAD tells.
+    S3, GCS and Azure list with strong consistency: a file the listing lacks is absent."""
+    bucket = opened.bucket
+    listed = await opened.call(location, lambda: bucket.list_under(prefix + "/"))
+    held = [listed.get(object_key(prefix, e.path)) for e in entries]
+    doubtful = [
+        i
+        for i, (e, h) in enumerate(zip(entries, held, strict=True))
+        if h is not None and (h.size != e.size or (h.md5 is not None and h.md5 != e.md5))
+    ]
     gate = asyncio.Semaphore(PARALLEL_CHECKS)
 
-    async def one(key: str) -> ObjectStat | None:
+    async def head(i: int) -> None:
+        key = object_key(prefix, entries[i].path)
         async with gate:
-            return await opened.call(location, lambda: opened.bucket.stat(key))
+            held[i] = await opened.call(location, lambda: bucket.stat(key))
 
-    return list(await asyncio.gather(*(one(k) for k in keys)))
+    await asyncio.gather(*(head(i) for i in doubtful))
+    return held
 
 
 def _check_files(version: str, entries: list[FileEntry], held: list[ObjectStat | None]) -> None:
@@ -238,8 +253,7 @@ async def commit(
     if location is None:
         raise problem(409, f"location {pending.location!r} is gone; begin again")
     opened = await bucket_for(app, location)
-    keys = [object_key(pending.key, e.path) for e in entries]
-    _check_files(version, entries, await _held(opened, location.name, keys))
+    _check_files(version, entries, await _held(opened, location.name, pending.key, entries))
     size = total_size(entries)
     record = Version(
         organization=pending.organization,
