@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, endpoint: str, s3: Any, tmp: Path) -> None:
         print(f"{name:<28} {m:8.3f} {rate} {total / 2**20 / m:7.1f}")
     print(
         "the service's share of a directory: begin (sign {n} PUTs) {b:.3f} s, commit "
-        "(HEAD {n} objects) {c:.3f} s, the files' downloads signed {f:.3f} s".format(
+        "(list {n} objects) {c:.3f} s, the files' downloads signed {f:.3f} s".format(
             n=args.files,
             b=statistics.median(service["begin"]),
             c=statistics.median(service["commit"]),

@@ -189,6 +189,7 @@ class VersionOut(Out):
     writer: Writer
     rule: str
     metadata: dict[str, Any]
+    files: int | None = Field(None, description="A directory version's number of files.")
 
 
 class VersionsOut(Out):
