@@ -39,8 +39,9 @@ def test_pyarrow_reads_a_directory_version_on_versitygw_and_etcd(world: World) -
     pq.write_table(rows, data / "train" / "part-0.parquet", row_group_size=50_000)
     (data / "train" / "part 1 é.bin").write_bytes(os.urandom(3000))  # a key to quote
     (data / "meta.json").write_text('{"rows": 200000}')
+    (data / "train" / "_SUCCESS").write_bytes(b"")  # a zero-byte object on versitygw
     written = client.write(w.org, "dataset", data, metadata={"epoch": 1}, tag="golden")
-    assert (written.location, written.files) == (w.east, 3)
+    assert (written.location, written.files) == (w.east, 4)
 
     listed = client.files(w.org, "dataset", "golden")
     assert [(f.path, f.md5) for f in listed.files] == sorted(
@@ -67,7 +68,7 @@ def test_pyarrow_reads_a_directory_version_on_versitygw_and_etcd(world: World) -
 
     out = w.tmp / "dataset-back"
     read = client.read(w.org, "dataset", "golden", out)
-    assert (read.version, read.files, tree(out)) == (written.version, 3, tree(data))
+    assert (read.version, read.files, tree(out)) == (written.version, 4, tree(data))
 
     # another namespace, not in the organization's spec.namespaces, reads none of it
     with pytest.raises(Forbidden):
@@ -84,10 +85,11 @@ def test_a_directory_on_the_gcs_stand_in_and_a_half_directory(world: World) -> N
     ckpt = w.tmp / "ckpt"
     (ckpt / "shards").mkdir(parents=True)
     files = {f"shards/rank-{i}.pt": os.urandom(10_000 + i) for i in range(20)}
+    files["empty"] = b""  # a zero-byte object on GCS
     for rel, b in files.items():
         (ckpt / rel).write_bytes(b)
     written = client.write(w.org, "ckpt", ckpt)
-    assert (written.location, written.files) == (w.central, 20)
+    assert (written.location, written.files) == (w.central, 21)
     out = w.tmp / "ckpt-back"
     client.read(w.org, "ckpt", "latest", out)
     assert tree(out) == files
