@@ -12,7 +12,6 @@ and ``o41.webhook.versions``, unchanged.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from aiohttp import web
@@ -34,16 +33,15 @@ from o41.core.directories import (
     object_key,
     total_size,
 )
-from o41.core.placement import place_write
 from o41.core.places import Place, locality
 from o41.core.versions import MAX_METADATA_BYTES, MAX_METADATA_KEYS, check_metadata, check_tag
 from o41.core.writes import CommitRefused, Declared, Held, check_commit
 from o41.locations import Location
-from o41.state import LeaseNotFound, Put, StoreUnavailable
+from o41.state import Put
 from o41.storage import ObjectStat
 from o41.webhook.errors import problem
-from o41.webhook.keys import COUNTS, LEASES, STORE, USAGE, VIEW
-from o41.webhook.records import Pending, Version, manifest_key, new_version, pending_key
+from o41.webhook.keys import STORE, VIEW
+from o41.webhook.records import Version, manifest_key, new_version
 from o41.webhook.scope import ARTIFACT_PATTERN, Model, organization_for
 from o41.webhook.versions import resolve
 from o41.webhook.writes import (
@@ -52,10 +50,16 @@ from o41.webhook.writes import (
     OpenBucket,
     PlaceIn,
     bucket_for,
+    count_begin,
+    count_read,
+    count_write,
     located,
-    location_dims,
     make_version,
+    place_new,
+    put_pending,
     signed,
+    to_commit,
+    version_of,
 )
 
 #: HEADs in flight at once when a commit checks files its listing disagrees on.
@@ -92,39 +96,13 @@ class DirectoryCommitIn(Model):
     tag: str | None = Field(default=None, max_length=200, description="Over begin's tag")
 
 
-async def put_pending(app: web.Application, version: str, record: bytes) -> None:
-    """The pending record of a directory, under this minute's lease: on its own (not
-    batched with other begins), since its manifest may be most of a request etcd takes."""
-    store, leases = app[STORE], app[LEASES]
-    lease = await leases.current(store)
-    for attempt in (1, 2):
-        try:
-            await store.put(pending_key(version), record, lease=lease)
-        except LeaseNotFound:
-            if attempt == 2:
-                break
-            lease = await leases.renew(store, lease)
-        else:
-            return
-    raise StoreUnavailable("it lost the lease of pending writes twice in a row")
-
-
 async def begin(app: web.Application, namespace: str, body: DirectoryBeginIn) -> dict[str, Any]:
     """Choose the one location of a directory version and sign one upload per file."""
     entries = check_manifest(FileEntry(f.path, f.size, f.md5) for f in body.files)
     metadata = check_metadata(body.metadata)
     tag = None if body.tag is None else check_tag(body.tag)
-    org = organization_for(app, body.organization, namespace)
-    view, place = app[VIEW], body.place.place
-    chosen = place_write(
-        place,
-        [loc.facts for loc in view.locations_of(org.name)],
-        fallback=org.fallback,
-        cloud_defaults=org.cloud_defaults,
-        exclude=body.exclude,
-        organization=f"organization {org.name!r}",
-    )
-    location = view.locations[chosen.location]
+    placed = place_new(app, namespace, body.organization, body.place, body.exclude)
+    location = placed.location
     version = new_version()
     prefix = f"{body.artifact}/{version}"
     opened = await bucket_for(app, location)
@@ -144,44 +122,22 @@ async def begin(app: web.Application, namespace: str, body: DirectoryBeginIn) ->
         ]
 
     uploads = await opened.sign(location.name, sign_all)
-    pending = Pending(
-        organization=org.name,
-        artifact=body.artifact,
-        version=version,
-        namespace=namespace,
-        location=location.name,
+    pending = placed.pending(
+        namespace,
+        body.artifact,
+        version,
         key=prefix,
-        rule=str(chosen.rule),
-        cloud=place.cloud,
-        region=place.region,
-        source=place.source,
         size=total_size(entries),
         md5=None,
         upload_id=None,
         parts=len(entries),
-        began=time.time(),
         metadata=metadata,
         tag=tag,
         manifest=manifest_rows(entries),
     )
-    await put_pending(app, version, pending.dump())
-    app[USAGE].add(
-        org.name,
-        "begin",
-        {**place.as_json(), "rule": str(chosen.rule), "location": location.name},
-        begins=1,
-        warnings=1 if chosen.warning else 0,
-    )
-    return {
-        "version": version,
-        "location": location.name,
-        "cloud": location.cloud,
-        "region": location.region,
-        "rule": str(chosen.rule),
-        "warning": chosen.warning,
-        "files": uploads,
-        "expiresIn": UPLOAD_EXPIRES,
-    }
+    await put_pending(app, version, pending.dump(), alone=True)
+    count_begin(app, placed)
+    return placed.answer(version, files=uploads)
 
 
 async def _held(
@@ -230,68 +186,21 @@ async def commit(
     """Make a directory version readable, once the bucket holds every file as declared:
     the version, its index key and its manifest in one transaction."""
     store = app[STORE]
-    found = await store.get(pending_key(version))
-    if found is None:
-        raise problem(
-            404,
-            f"no write {version!r} is waiting for its commit: it expired, was committed "
-            "already, or never began; begin again",
-        )
-    pending = Pending.load(found.value)
-    if pending.namespace != namespace:
-        raise problem(403, f"write {version!r} began in another namespace")
-    if pending.manifest is None:
-        raise problem(
-            409, f"write {version!r} is one file: commit it at /v1/writes/{version}/commit"
-        )
+    c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=True)
+    found, pending, metadata, tag, location, opened = c
+    assert pending.manifest is not None
     entries = from_rows(pending.manifest)
-    metadata = pending.metadata
-    if body.metadata is not None:
-        metadata = check_metadata({**(metadata or {}), **body.metadata})
-    tag = pending.tag if body.tag is None else check_tag(body.tag)
-    location = app[VIEW].locations.get(pending.location)
-    if location is None:
-        raise problem(409, f"location {pending.location!r} is gone; begin again")
-    opened = await bucket_for(app, location)
     _check_files(version, entries, await _held(opened, location.name, pending.key, entries))
     size = total_size(entries)
-    record = Version(
-        organization=pending.organization,
-        artifact=pending.artifact,
-        version=version,
-        location=pending.location,
-        key=pending.key,
-        size=size,
-        md5=None,
-        rule=pending.rule,
-        cloud=pending.cloud,
-        region=pending.region,
-        source=pending.source,
-        committed=time.time(),
-        metadata=metadata,
-        files=len(entries),
-    )
+    record = version_of(pending, size, None, metadata, files=len(entries))
     manifest = Put(
         manifest_key(pending.organization, pending.artifact, version), dump_manifest(entries)
     )
     made = await make_version(
         store, pending, found.mod_revision, record, tag, namespace, extra=[manifest]
     )
-    if made:
-        app[COUNTS].committed(location.name)
-        app[USAGE].add(
-            pending.organization,
-            "write",
-            {
-                "cloud": pending.cloud,
-                "region": pending.region,
-                "source": pending.source,
-                "rule": pending.rule,
-                **location_dims(location),
-            },
-            versions=1,
-            bytes=size,
-        )
+    if made:  # only the commit that made the version counts it (not replays)
+        count_write(app, pending, location, size)
     return {
         "version": version,
         "location": location.name,
@@ -326,29 +235,6 @@ async def _directory(
     return org.name, record, tag, load_manifest(found.value), location
 
 
-def _count_read(
-    app: web.Application,
-    organization: str,
-    reader: Place,
-    how_far: str,
-    location: Location,
-    record: Version,
-    size: int,
-) -> None:
-    app[USAGE].add(
-        organization,
-        "read",
-        {
-            **reader.as_json(),
-            "locality": how_far,
-            **location_dims(location),
-            **{"writerCloud": record.cloud, "writerRegion": record.region},
-        },
-        reads=1,
-        bytes=size,
-    )
-
-
 async def files(
     app: web.Application,
     namespace: str,
@@ -378,7 +264,7 @@ async def files(
 
         for row, req in zip(listed, await opened.sign(location.name, sign_all), strict=True):
             row["download"] = req
-        _count_read(app, org, reader, how_far, location, record, record.size)
+        count_read(app, org, reader, how_far, location, record, record.size)
     return {**located(record, location, how_far, ref, tag), "files": listed}
 
 
@@ -411,7 +297,7 @@ async def read_file(
             object_key(record.key, entry.path), expires=DOWNLOAD_EXPIRES
         ),
     )
-    _count_read(app, org, reader, how_far, location, record, entry.size)
+    count_read(app, org, reader, how_far, location, record, entry.size)
     return {
         **located(record, location, how_far, ref, tag),
         "path": entry.path,
