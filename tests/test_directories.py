@@ -289,6 +289,18 @@ def test_the_client_refuses_bad_directories_before_sending(tmp_path: Path) -> No
         client.write(ORG, "a", bad)
     with pytest.raises(Error, match=r"'\.\.'"):
         client.read_bytes(ORG, "a", "latest", path="../x")
+    deep = tmp_path / "deep"
+    long = deep.joinpath(*["d" * 100] * 5)  # 5 folders of 100 bytes: a path over 512
+    long.mkdir(parents=True)
+    (long / "weights.bin").write_bytes(b"w")
+    with pytest.raises(Error, match=f"at most {MAX_PATH_BYTES}"):
+        client.write(ORG, "a", deep)
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(MAX_FILES + 1):
+        (many / f"{i}").touch()
+    with pytest.raises(Error, match=f"more than {MAX_FILES} files"):
+        client.write(ORG, "a", many)
 
 
 async def test_the_command_writes_lists_and_reads_a_directory(
