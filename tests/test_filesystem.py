@@ -80,6 +80,8 @@ async def test_pyarrow_reads_parquet_from_a_directory_version(
             buffer_size=0,
         )
         ranged.extend(service.storage.gets)
+        folder = pq.read_table("ml/ds@v1/train", filesystem=fs)  # a dataset of two files
+        assert folder.num_rows == 500_010
         listed = fs.ls("ml/ds@latest", detail=False)
         train = fs.ls("o41://ml/ds@latest/train")
         info = fs.info("o41://ml/ds/train/part-0.parquet")
