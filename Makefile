@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean \
-	image test-real node-clean node-debs
+	image test-real node-clean node-debs checkov
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
@@ -18,6 +18,14 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 
 bins:
 	@hack/testbed-bin.sh >/dev/null
+
+# checkov, the chart's second static check (tests/test_chart_hygiene.py), in a venv of its
+# own: it pins boto3 1.35, the product needs 1.40+. Run offline by the test, never online.
+checkov: .venv-checkov/.installed
+.venv-checkov/.installed: requirements/checkov.txt
+	test -x .venv-checkov/bin/python || $(PY) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install -q --no-deps -r requirements/checkov.txt
+	touch $@
 
 azurite:
 	@hack/install-azurite.sh >/dev/null
@@ -43,7 +51,7 @@ typecheck: deps
 
 # The whole suite, the real node's and the image's tests included (root: podman builds the
 # images, a kubelet, containerd, runc, CNI, kube-proxy and CoreDNS run the chart's own pods).
-test: deps bins azurite chromium image node-debs lint typecheck
+test: deps bins checkov azurite chromium image node-debs lint typecheck
 	$(BIN)/pytest
 
 # Only the real node's tests, and the chart's pods on it.
@@ -59,7 +67,7 @@ node-debs:
 node-clean: deps
 	$(BIN)/python -m o41.testbed node-clean
 
-unit: deps
+unit: deps checkov
 	$(BIN)/pytest -m "not kube and not etcd and not stores"
 
 demo: deps bins azurite
@@ -71,9 +79,10 @@ dev-up: deps bins azurite $(if $(REAL_NODE),image node-debs)
 
 dev-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python -m o41.testbed down --dir .dev; fi
+	@rm -f .dev/env .dev/examples.yaml
 
 clean: dev-down
-	rm -rf .dev .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache test-artifacts
+	rm -rf .dev .venv-checkov .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache test-artifacts
 
 # Regenerate the CRDs from o41/api.py, and the chart's copies (tests fail on drift).
 crds: deps

@@ -6,8 +6,11 @@ and readers, as the service's flushes leave them: hourly records for the last
 ``o41.webhook.usage.Usage`` writes them. Then times ``GET /usage`` (store ranges,
 aggregation, the net advice, HTML and SVG), ``GET /v1/usage`` (summarised, and a page of
 raw records) and ``GET /healthz`` (the ceiling) through the real app on 127.0.0.1, and
-prints the store's size for that history. Before each request, ``--changed`` counters are
-flushed again, as other replicas' flushes would change the open day between two loads;
+prints the store's size for that history (with ``--etcd``, the history is in one etcd
+member of the test bed's binary instead, and the size is etcd's own dbSize after
+compaction and defragmentation; the page then reads from etcd). Before each request,
+``--changed`` counters are flushed again, as other replicas' flushes would change the open
+day between two loads;
 ``first`` is the first request (nothing merged yet), the medians over ``--rounds`` (wall,
 and this process's CPU time: on a shared machine the wall time follows the load).
 
@@ -15,7 +18,7 @@ Each place, every hour: a begin, a write of one 1 GB version (rule region, cloud
 fallback by place), a cross-cloud read from the gcp location and a cross-region read from
 the aws one: three events an hour (the writes and reads; a begin is the write's start).
 
-    .venv/bin/python bench/usage_page.py [--places 500] [--days 30] [--rounds 7]
+    .venv/bin/python bench/usage_page.py [--places 500] [--days 30] [--rounds 7] [--etcd]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -40,9 +44,14 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
+from o41.state import Put, Store  # noqa: E402
+from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
 from o41.webhook.keys import USAGE  # noqa: E402
 from o41.webhook.usage import Dims, digest_of, period_prefix  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from capacity import Etcd  # type: ignore[import-not-found]  # noqa: E402  (bench/ is no package)
 from test_usage_support import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
 
 CLOUDS = {"aws": ["us-east-1", "us-west-2", "eu-west-1"], "gcp": ["us-central1", "europe-west4"]}
@@ -146,17 +155,62 @@ async def main() -> None:
         default=200,
         help="counters flushed before each request (of 4 per place), as the replicas would",
     )
+    parser.add_argument(
+        "--etcd",
+        action="store_true",
+        help="keep the history in a real etcd member (measured dbSize; the page reads etcd)",
+    )
     args = parser.parse_args()
     began = time.perf_counter()
     kvs, events = history(args.places, args.days, args.hourly_days)
     hourly = [kv for kv in kvs if b"/usage-by-hour/" in kv[0]]
     daily = [kv for kv in kvs if b"/usage-by-day/" in kv[0]]
-    store = MemoryStore()
+    if args.etcd:
+        with tempfile.TemporaryDirectory(prefix="o41-usage-etcd-") as directory:
+            etcd = Etcd(Path(directory)).start()
+            try:
+                store = EtcdStore([etcd.url], timeout=60)
+                await seed_etcd(store, kvs)
+                empty = etcd.db_size()
+                print(f"etcd dbSize after seeding {empty / 2**20:8.1f} MiB", end="  ")
+                packed = etcd.compact_and_defrag()
+                print(f"after compaction and defragmentation {packed / 2**20:8.1f} MiB")
+                await measure(args, store, kvs, events, began, hourly, daily)
+                await store.close()
+            finally:
+                etcd.stop()
+        return
+    memory = MemoryStore()
     for key, value in kvs:  # in key order: appended, no insertion in the middle
-        await store.put(key, value)
+        await memory.put(key, value)
     # The embedded store keeps the history in this process, which etcd does not: without
     # this, each of Python's full collections walks its million objects (~100 ms a time).
     gc.freeze()
+    await measure(args, memory, kvs, events, began, hourly, daily)
+
+
+async def seed_etcd(store: Store, kvs: list[tuple[bytes, bytes]]) -> None:
+    """The history into etcd, 100 puts a transaction (etcd's limit is 128), four at a time."""
+    batches = [kvs[i : i + 100] for i in range(0, len(kvs), 100)]
+    gate = asyncio.Semaphore(4)
+
+    async def one(batch: list[tuple[bytes, bytes]]) -> None:
+        async with gate:
+            await store.txn((), [Put(k, v) for k, v in batch])
+
+    await asyncio.gather(*(one(b) for b in batches))
+
+
+async def measure(
+    args: argparse.Namespace,
+    store: Store,
+    kvs: list[tuple[bytes, bytes]],
+    events: int,
+    began: float,
+    hourly: list[tuple[bytes, bytes]],
+    daily: list[tuple[bytes, bytes]],
+) -> None:
+    """The page's and the API's times on ``store`` holding the history."""
     print(
         f"history: {events:,} events ({args.places} places x {args.days} days x 24 h x 3), "
         f"seeded in {time.perf_counter() - began:.0f} s"

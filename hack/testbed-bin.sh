@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build (once) or reuse the test bed's binaries: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm and CoreDNS, pinned by version and
+# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm, CoreDNS and kube-score, pinned by version and
 # cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
-#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd kube coredns)
+#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd versitygw kube-score kube coredns)
 #   hack/testbed-bin.sh --print    print the bin directory only (no build)
 #
 # A binary added to a part builds alone: the others are found in the bin directory and
@@ -24,6 +24,7 @@ KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.20.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
+KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test_chart_hygiene.py)
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -90,8 +91,21 @@ build_kwok() {
 }
 
 build_helm() {
-  [[ -x "$BIN/helm" ]] && return 0
-  GOBIN="$BIN" timed helm go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  # The Kubernetes version `helm template` and `helm lint` assume without a cluster is set
+  # at link time, as helm's Makefile does (from its client-go, v0.35 for v3.20): without it
+  # helm says v1.20.0 and refuses the chart's kubeVersion. A stamp file carries the flags.
+  local kv=1.35 stamp="$BIN/helm.kube-version"
+  [[ -x "$BIN/helm" && "$(cat "$stamp" 2>/dev/null)" == "$kv" ]] && return 0
+  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in pkg/chartutil pkg/lint/rules; do
+    flags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=${kv%%.*} -X helm.sh/helm/v3/$pkg.k8sVersionMinor=${kv#*.}"
+  done
+  # built aside and renamed into place: a helm another test runs now is never overwritten
+  local tmp="$BUILD/helm-gobin"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  GOBIN="$tmp" timed helm go install -ldflags "$flags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv -f "$tmp/helm" "$BIN/helm"
+  echo "$kv" > "$stamp"
 }
 
 build_coredns() {
@@ -114,14 +128,24 @@ build_versitygw() {
   echo "$VERSITYGW_VERSION" > "$stamp"
 }
 
+build_kube_score() {
+  # The chart's static checks (docs/chart.md, "Hygiene"). A stamp file carries its version.
+  local stamp="$BIN/kube-score.version"
+  [[ -x "$BIN/kube-score" && "$(cat "$stamp" 2>/dev/null)" == "$KUBE_SCORE_VERSION" ]] && return 0
+  GOBIN="$BIN" timed kube-score go install -ldflags "-s -w -X main.version=$KUBE_SCORE_VERSION" \
+    "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
+  echo "$KUBE_SCORE_VERSION" > "$stamp"
+}
+
 # Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
 # everything only swaps; go build already uses every core.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw kube-score coredns kube)
 for part in "${parts[@]}"; do
   case "$part" in
     helm|kwok|etcd|kube|coredns|versitygw) "build_$part" ;;
-    *) echo "unknown part '$part' (helm kwok etcd versitygw kube coredns)" >&2; exit 2 ;;
+    kube-score) build_kube_score ;;
+    *) echo "unknown part '$part' (helm kwok etcd versitygw kube-score kube coredns)" >&2; exit 2 ;;
   esac
 done
 echo "$BIN"

@@ -62,6 +62,7 @@ class Storage:
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
     gets: list[tuple[str, str | None, int]] = field(default_factory=list)  # path, Range, bytes
+    deleted: list[str] = field(default_factory=list)  # each object deleted, by path
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def app(self) -> web.Application:
@@ -203,6 +204,11 @@ class StandInBucket:
         with self._storage.lock:
             held = [(n, p) for (u, n), p in self._storage.parts.items() if u == upload_id]
         return [Part(n, len(p), f'"{hashlib.md5(p).hexdigest()}"') for n, p in sorted(held)]
+
+    def delete(self, key: str) -> None:
+        with self._storage.lock:
+            self._storage.objects.pop(self._path(key), None)
+            self._storage.deleted.append(self._path(key))
 
     def stat(self, key: str) -> ObjectStat | None:
         with self._storage.lock:

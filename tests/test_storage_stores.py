@@ -596,6 +596,22 @@ def test_list_under_a_prefix_gives_each_object_its_size(ready: Bucket) -> None:
     assert ready.list_under("nothing/here/") == {}
 
 
+def test_delete_removes_the_object_and_is_idempotent(ready: Bucket) -> None:
+    """What retention calls: the object is gone; a second delete (a pass repeated after a
+    crash) and a delete of a key that never existed are no error."""
+    put = ready.presign_put("r/old", expires=300, size=3)
+    status, _, body = send(put, b"old")
+    assert status in (200, 201), body[:300]
+    kept = ready.presign_put("r/kept", expires=300, size=4)
+    assert send(kept, b"kept")[0] in (200, 201)
+    ready.delete("r/old")
+    assert ready.stat("r/old") is None
+    ready.delete("r/old")
+    ready.delete("never/was")
+    stat = ready.stat("r/kept")
+    assert stat is not None and stat.size == 4
+
+
 def _chunks(kind: Kind) -> list[bytes]:
     """S3 parts must be >= 5 MiB except the last; GCS and Azure take any size, so GCS gets
     more than 32 parts to need a second level of compose."""

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from o41.location_record import LocationRecord
 from o41.locations import Location, read_location
+from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.webhook import auth
 from o41.webhook.app import Settings, make_app
@@ -182,7 +183,7 @@ class NoSecrets:
 
 
 def seeded_app(
-    records: list[dict[str, Any]] | None = None, *, store: MemoryStore | None = None
+    records: list[dict[str, Any]] | None = None, *, store: Store | None = None
 ) -> web.Application:
     """The placement app with an embedded store (``store``, or a new one) holding
     ``records`` for ``ORG``."""

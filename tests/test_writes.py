@@ -22,6 +22,7 @@ from o41.core.parts import PART_SIZE
 from o41.core.places import Place
 from o41.location_record import LocationRecord
 from o41.locations import Location, read_location
+from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import ObjectStat
 from o41.webhook.app import Settings, make_app
@@ -74,7 +75,7 @@ class Service:
 
 
 async def serve(
-    tmp_path: Path, opener: Any = None, store: MemoryStore | None = None
+    tmp_path: Path, opener: Any = None, store: Store | None = None
 ) -> AsyncIterator[Service]:
     storage = Storage()
     bucket_server = TestServer(storage.app(), host="127.0.0.1")

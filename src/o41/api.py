@@ -13,6 +13,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from o41.core.retention import MAX_KEEP, MAX_RULES
+from o41.core.retention import PATTERN as RETENTION_PATTERN
+
 GROUP = "artifacts.o41.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -176,6 +179,21 @@ class LocationStatus(Model):
     conditions: list[Condition] = Field(default_factory=list)
 
 
+class RetentionRule(Model):
+    artifacts: str = Field(
+        description="The artifacts the rule applies to: a glob over their names "
+        "(`ckpt-*`, `*`; fnmatch, case-sensitive). The first matching rule applies.",
+        pattern=RETENTION_PATTERN,
+    )
+    keep_versions: int = Field(
+        ge=1,
+        le=MAX_KEEP,
+        description="How many versions of each matching artifact to keep, newest by "
+        "commit. Older ones are deleted (object and record), except a version a tag "
+        "points at, and `latest`.",
+    )
+
+
 class OrganizationSpec(Model):
     namespaces: list[Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]] = Field(
         default_factory=list,
@@ -190,6 +208,13 @@ class OrganizationSpec(Model):
         default_factory=dict,
         description="Default location per cloud, e.g. {aws: aws-us-east-1}; default: the "
         "first location added in each cloud.",
+    )
+    retention: list[RetentionRule] = Field(
+        default_factory=list,
+        max_length=MAX_RULES,
+        description="Per-artifact retention: keep the newest keepVersions versions of the "
+        "artifacts a rule matches (tagged versions and `latest` always stay). Off when "
+        "empty (the default): every version is kept.",
     )
 
 

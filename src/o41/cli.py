@@ -435,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="o41: %(levelname)s: %(message)s")
+    # a write in parts says its version id on stderr: what `--resume` takes after a kill
+    logging.getLogger("o41").setLevel(logging.INFO)
     parser = build_parser()
     given = sys.argv[1:] if argv is None else list(argv)
     _Parser.json_errors = "--json" in given

@@ -48,8 +48,23 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The product's image: repository@digest when image.digest is set (the tag is then
+ignored: a digest names one image), else repository:tag (default: the chart's appVersion). */}}
 {{- define "o41.image" -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- include "o41.imageRef" (dict "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag)) }}
+{{- end }}
+
+{{/* etcd's image, the same way: repository@digest, else repository:tag. */}}
+{{- define "o41.etcdImage" -}}
+{{- include "o41.imageRef" (dict "image" .Values.etcd.image "tag" .Values.etcd.image.tag) }}
+{{- end }}
+
+{{- define "o41.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository .tag }}
+{{- end }}
 {{- end }}
 
 {{/* etcd client URLs the placement service uses, comma-separated. */}}

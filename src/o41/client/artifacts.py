@@ -598,9 +598,10 @@ class Artifacts:
             if "multipart" in began["upload"]:
                 log.info(
                     "writing version %s of %s in parts; should this stop, write again with "
-                    "resume=%r to send only the missing parts",
+                    "resume=%r (o41 write --resume %s) to send only the missing parts",
                     began["version"],
                     artifact,
+                    began["version"],
                     began["version"],
                 )
             try:

@@ -680,6 +680,63 @@ def by_source(places: Iterable[WriterPlace]) -> list[SourceRow]:
     return sorted(rows.values(), key=lambda r: (order.get(r.source, len(order)), r.source))
 
 
+# --- what was cleaned up: abandoned uploads, versions retention deleted -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """Per location: the uploads of expired writes (``abandoned``: what their writes
+    declared; ``aborted``: those whose abort the bucket took; the rest are left to the
+    bucket's lifecycle rule) and the versions retention deleted."""
+
+    location: str
+    abandoned: Tally = Tally()
+    aborted: Tally = Tally()
+    retained_away: Tally = Tally()  # deleted by retention
+
+    @property
+    def left(self) -> Tally:
+        """Abandoned uploads not aborted (the bucket's rule removes them later)."""
+        return Tally(
+            self.abandoned.count - self.aborted.count, self.abandoned.bytes - self.aborted.bytes
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "location": self.location,
+            "abandoned": {"uploads": self.abandoned.count, "bytes": self.abandoned.bytes},
+            "aborted": {"uploads": self.aborted.count, "bytes": self.aborted.bytes},
+            "notAborted": {"uploads": self.left.count, "bytes": self.left.bytes},
+            "retention": {"versions": self.retained_away.count, "bytes": self.retained_away.bytes},
+        }
+
+
+def cleanup(records: Iterable[Record]) -> list[Cleanup]:
+    """The ``abandoned`` (the sweeper's) and ``retention`` counters, by location."""
+    rows: dict[str, Cleanup] = {}
+    for r in records:
+        if r.kind not in ("abandoned", "retention"):
+            continue
+        name = r.dim("location") or UNKNOWN
+        row = rows.get(name, Cleanup(name))
+        if r.kind == "abandoned":
+            row = Cleanup(
+                name,
+                row.abandoned + Tally(r.count("uploads"), r.count("bytes")),
+                row.aborted + Tally(r.count("aborted"), r.count("abortedBytes")),
+                row.retained_away,
+            )
+        else:
+            row = Cleanup(
+                name,
+                row.abandoned,
+                row.aborted,
+                row.retained_away + Tally(r.count("versions"), r.count("bytes")),
+            )
+        rows[name] = row
+    return [rows[n] for n in sorted(rows)]
+
+
 # --- the whole report ---------------------------------------------------------------------
 
 
@@ -697,6 +754,7 @@ class Report:
     summary: str
     prices: PriceTable
     records: list[Record] = field(default_factory=list)
+    cleanups: list[Cleanup] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -724,6 +782,7 @@ class Report:
                 "bySource": [s.as_json() for s in self.sources],
             },
             "reads": self.reads.as_json(),
+            "cleanup": [c.as_json() for c in self.cleanups],
             "prices": self.prices.as_json(),
         }
 
@@ -769,4 +828,5 @@ def report(
         summary=savings_sentence(saving, places, prices.currency, none_pays=none_pays),
         prices=prices,
         records=kept,
+        cleanups=cleanup(summed),
     )

@@ -360,6 +360,13 @@ class AzureBucket:
         check_key(key)
         self._upload_id(upload)
 
+    def delete(self, key: str) -> None:
+        """Delete the blob; one already gone is done. Idempotent."""
+        check_key(key)
+        blob = self._service.get_blob_client(self.ref.bucket, key)
+        with self._failing("deleting an object of", cls=StorageError, unless=_not_found):
+            blob.delete_blob()
+
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
         with self._failing("reading an object of", cls=StorageError, unless=_not_found) as answer:

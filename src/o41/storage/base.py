@@ -306,6 +306,11 @@ class Bucket(Protocol):
         an MD5 ETag from an SSE-KMS one, so its ``md5`` is only a hint)."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Delete the object ``key`` (a version retention lets go). Idempotent: a key with
+        no object is not an error."""
+        ...
+
 
 # ------------------------------------------------------------------------------- helpers
 

@@ -13,7 +13,14 @@ Multipart: the parts are objects ``<key>.o41part-<upload id>-<n>`` uploaded in p
 signed PUTs; the service composes them into ``key`` (at most 32 sources per compose, so more
 parts are composed in a tree) and then deletes those part objects, and only those: the
 random upload id in their names keeps two uploads of one key apart and can't match a user's
-object. That is the only delete o41 ever makes.
+object. That, and a version retention lets go (``delete``), are the only deletes o41 makes.
+
+Every part object is uploaded with a **Custom-Time** (``x-goog-custom-time``, signed into
+its URL; intermediate composites get one too), and no other object o41 writes has one: the
+bucket's lifecycle rule ``Delete`` on ``daysSinceCustomTime`` (set by ``ensure``) removes
+the parts of an upload no one finished, and only those. GCS's own
+``AbortIncompleteMultipartUpload`` action is for XML API multipart uploads, which o41 does
+not make; ``ensure`` sets it as well, for any such upload in the bucket.
 """
 
 from __future__ import annotations
@@ -72,6 +79,30 @@ _UPLOAD_ID = re.compile(r"[0-9a-f]{16}")
 # Where the owner mark goes when the endpoint drops bucket labels (fake-gcs-server does;
 # Google never does). Read only for buckets without the label.
 MARKER_OBJECT = ".o41-location"
+
+
+CUSTOM_TIME = "x-goog-custom-time"
+
+
+def _now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def abort_rules(days: int) -> list[dict[str, Any]]:
+    """The bucket's lifecycle rules that drop unfinished uploads after ``days``: o41's
+    part objects (the only objects with a Custom-Time), and XML API multipart uploads."""
+    return [
+        {"action": {"type": "Delete"}, "condition": {"daysSinceCustomTime": days}},
+        {"action": {"type": "AbortIncompleteMultipartUpload"}, "condition": {"age": days}},
+    ]
+
+
+def _is_abort_rule(rule: Any) -> bool:
+    action = (rule.get("action") or {}).get("type")
+    condition = rule.get("condition") or {}
+    if action == "AbortIncompleteMultipartUpload":
+        return True
+    return action == "Delete" and set(condition) == {"daysSinceCustomTime"}
 
 
 def open_bucket(ref: BucketRef) -> GcsBucket:
@@ -168,11 +199,11 @@ class GcsBucket:
         """Create the bucket (labelled, uniform access, public access prevention) in the
         region, or adopt ours; then check its location.
 
-        ``abort_uploads_after_days`` sets no rule here: GCS's AbortIncompleteMultipartUpload
-        lifecycle action is for XML API multipart uploads, and a multipart write here is
-        part objects composed at commit (module docstring), ordinary objects whose names
-        no lifecycle condition can tell from a user's. The placement service deletes an
-        expired write's parts (``abort_multipart``); docs/storage.md says what is left."""
+        ``abort_uploads_after_days``: the lifecycle rules of ``abort_rules`` (a ``Delete``
+        of objects whose Custom-Time is that many days old: part objects only, module
+        docstring; and ``AbortIncompleteMultipartUpload`` for XML API uploads), the
+        bucket's other rules kept; None leaves its rules as they are. An endpoint that
+        keeps no lifecycle rules (fake-gcs-server) earns a warning."""
         check_bucket_name("gcs", self.ref.bucket)
         check_days(abort_uploads_after_days)
         mark = owner_mark(owner)
@@ -190,6 +221,8 @@ class GcsBucket:
             )
         self._check_region(bucket)
         warnings += self._harden(bucket)
+        if abort_uploads_after_days is not None:
+            warnings += self._abort_rules(bucket, abort_uploads_after_days)
         return Ensured(
             bucket=self.ref.bucket,
             endpoint=self._access_endpoint,
@@ -302,6 +335,23 @@ class GcsBucket:
             "prevention: check the bucket is private"
         ]
 
+    def _abort_rules(self, bucket: Any, days: int) -> list[str]:
+        """Keep ``abort_rules(days)`` among the bucket's lifecycle rules (others kept as
+        they are); a patch only when they differ."""
+        ours = abort_rules(days)
+        rules = [dict(r) for r in bucket.lifecycle_rules]
+        if [r for r in rules if _is_abort_rule(r)] == ours:
+            return []
+        bucket.lifecycle_rules = [r for r in rules if not _is_abort_rule(r)] + ours
+        with self._failing("setting the lifecycle rules that drop unfinished uploads of"):
+            bucket.patch(timeout=_TIMEOUT, retry=_RETRY)
+        if [dict(r) for r in bucket.lifecycle_rules if _is_abort_rule(r)] == ours:
+            return []
+        return [
+            f"{self._access_endpoint} keeps no lifecycle rules: the parts of uploads left "
+            "unfinished are removed by the placement service only"
+        ]
+
     # -------------------------------------------------------------------- transfers
 
     def presign_put(self, key: str, *, expires: int, size: int | None = None) -> SignedRequest:
@@ -339,8 +389,13 @@ class GcsBucket:
     def _part_request(
         self, key: str, upload_id: str, n: int, expires: int, at: dt.datetime
     ) -> SignedRequest:
-        url = self._sign(part_name(key, upload_id, n), "PUT", expires, content_type=OCTET_STREAM)
-        return SignedRequest("PUT", url, {"Content-Type": OCTET_STREAM}, at)
+        """A part object's signed PUT, with its Custom-Time: what the lifecycle rule of
+        ``ensure`` tells part objects by."""
+        marked = {CUSTOM_TIME: _now_rfc3339()}
+        url = self._sign(
+            part_name(key, upload_id, n), "PUT", expires, content_type=OCTET_STREAM, headers=marked
+        )
+        return SignedRequest("PUT", url, {"Content-Type": OCTET_STREAM, **marked}, at)
 
     def presign_parts(
         self,
@@ -415,6 +470,7 @@ class GcsBucket:
                 for i in range(0, len(sources), _COMPOSE_MAX):
                     tmp = bucket.blob(f"{prefix}c{level}-{i // _COMPOSE_MAX:05d}")
                     tmp.content_type = OCTET_STREAM
+                    tmp.custom_time = dt.datetime.now(dt.UTC)  # the lifecycle rule's mark
                     tmp.compose(sources[i : i + _COMPOSE_MAX], timeout=_TIMEOUT, retry=_RETRY)
                     temporary.append(tmp.name)
                     composed.append(tmp)
@@ -445,6 +501,12 @@ class GcsBucket:
             gone = (gex.NotFound,)  # deleted already
             with self._failing("deleting a part in", cls=StorageError, unless=gone):
                 bucket.blob(name).delete(timeout=_TIMEOUT, retry=_RETRY)
+
+    def delete(self, key: str) -> None:
+        """Delete the object; one already gone (404) is done. Idempotent."""
+        check_key(key)
+        with self._failing("deleting an object of", cls=StorageError, unless=(gex.NotFound,)):
+            self._bucket.blob(key).delete(timeout=_TIMEOUT, retry=_RETRY)
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)

@@ -601,6 +601,13 @@ class S3Bucket:
                 Bucket=self.ref.bucket, Key=key, UploadId=upload_id_of(upload)
             )
 
+    def delete(self, key: str) -> None:
+        """DeleteObject: S3 answers 204 for a key with no object too. Idempotent."""
+        check_key(key)
+        absent = _statuses(404)
+        with self._failing("deleting an object of", cls=StorageError, unless=absent):
+            self._client.delete_object(Bucket=self.ref.bucket, Key=key)
+
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)
         absent = _statuses(404)

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  placement service: {stack.endpoint}")
         print(f"  source {directory}/env")
         print("  kubectl get nodes")
+        print("no Location yet; one on each storage stand-in (and an Organization 'ml'):")
+        print(f"  kubectl apply -f {stack.examples}")
         return 0
     if args.command == "down":
         stopped = stop_recorded(args.dir.resolve())

@@ -301,8 +301,18 @@ class ControlPlane:
                     },
                 },
                 "status": {
-                    "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-                    "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                    "allocatable": {
+                        "cpu": "32",
+                        "memory": "256Gi",
+                        "ephemeral-storage": "1Ti",  # the chart's pods request some
+                        "pods": "110",
+                    },
+                    "capacity": {
+                        "cpu": "32",
+                        "memory": "256Gi",
+                        "ephemeral-storage": "1Ti",
+                        "pods": "110",
+                    },
                 },
             }
             self.kubectl("apply", "-f", "-", input=json.dumps(node))

@@ -42,27 +42,12 @@ def store_secrets(
 ) -> dict[str, str]:
     """The stand-ins' credentials as Secrets in the operator's namespace, in the keys a
     Location's credentials name; returns backend -> Secret name."""
+    from o41.testbed.examples import secrets
+
     kubectl(kubeconfig, "create", "namespace", NAMESPACE, check=False)
-    data: dict[str, dict[str, str]] = {}
-    if s3 is not None:
-        data["s3"] = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
-    if gcs is not None:
-        data["gcs"] = {"serviceAccount.json": json.dumps(gcs.service_account_info)}
-    if azure is not None:
-        data["azure"] = {"accountKey": azure.account_key}
-    apply(
-        kubeconfig,
-        *(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "stringData": d,
-                "metadata": {"name": f"creds-{k}", "namespace": NAMESPACE},
-            }
-            for k, d in data.items()
-        ),
-    )
-    return {k: f"creds-{k}" for k in data}
+    made = secrets(s3, gcs, azure)
+    apply(kubeconfig, *made)
+    return {m["metadata"]["name"].removeprefix("creds-"): m["metadata"]["name"] for m in made}
 
 
 def install_crds(kubeconfig: Path) -> None:

@@ -94,7 +94,15 @@ class Stack:
         self.extra.append(service.server)
         self.endpoint = service.url
         self._write_records()
+        from o41.testbed.examples import manifest
+
+        self.examples.write_text(manifest(self.s3, self.gcs, self.azure))
         return self
+
+    @property
+    def examples(self) -> Path:
+        """Locations on the stand-ins, written by :meth:`start_product` (o41.testbed.examples)."""
+        return self.directory / "examples.yaml"
 
     def servers(self) -> list[Server]:
         found: list[Server] = []
@@ -144,6 +152,8 @@ class Stack:
 
 def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
     """Stop every process ``up`` recorded in ``directory``; returns what was stopped."""
+    for written in ("env", "examples.yaml"):  # they name processes and keys that are gone
+        (directory / written).unlink(missing_ok=True)
     record = directory / "pids.json"
     if not record.exists():
         return _clean_real_node()

@@ -16,6 +16,7 @@ from aiohttp import web
 from o41 import __version__
 from o41.state import Store, open_store
 from o41.webhook import auth, collections, errors, placement, usage_page
+from o41.webhook.backfill import backfilling
 from o41.webhook.batching import PutBatcher
 from o41.webhook.counts import VersionCounts
 from o41.webhook.keys import (
@@ -30,6 +31,7 @@ from o41.webhook.keys import (
     USAGE,
     VIEW,
 )
+from o41.webhook.retention import retaining
 from o41.webhook.settings import Settings
 from o41.webhook.sweeper import sweeping
 from o41.webhook.usage import Usage
@@ -173,6 +175,8 @@ def make_app(
     else:
         app.cleanup_ctx.append(state_store(store))
     app.cleanup_ctx.append(sweeping)  # aborts the uploads of expired writes
+    app.cleanup_ctx.append(retaining)  # deletes the versions retention rules let go
+    app.cleanup_ctx.append(backfilling)  # indexes versions committed before the index
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from o41.webhook.batching import PutBatcher
     from o41.webhook.collections import Collections
     from o41.webhook.counts import VersionCounts
+    from o41.webhook.retention import Retention
     from o41.webhook.settings import Settings
     from o41.webhook.sweeper import Sweeper
     from o41.webhook.usage import Usage
@@ -37,3 +38,4 @@ PRICES: web.AppKey[PriceTable] = web.AppKey("prices")
 REVIEWER: web.AppKey[TokenReviewer] = web.AppKey("usage_reviewer")
 COLLECTIONS: web.AppKey[Collections] = web.AppKey("collections")
 SWEEPER: web.AppKey[Sweeper] = web.AppKey("sweeper")
+RETENTION: web.AppKey[Retention] = web.AppKey("retention")

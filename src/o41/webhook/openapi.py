@@ -266,6 +266,12 @@ class UsageOut(Out):
     )
     writes: dict[str, Any] | None = None
     reads: dict[str, Any] | None = None
+    cleanup: list[dict[str, Any]] | None = Field(
+        None,
+        description="Per location: the uploads of expired writes (abandoned, aborted, "
+        "notAborted: uploads and the bytes their writes declared) and the versions "
+        "retention deleted (versions, bytes).",
+    )
     prices: dict[str, Any] | None = None
     records: list[UsageRecord] | None = Field(
         None, description="With records=true: a page of the window's raw records."
@@ -495,7 +501,8 @@ def document() -> dict[str, Any]:
                 "put": {
                     "operationId": "moveTag",
                     "summary": "Point a tag at a version; with 'expected', only if it points "
-                    "there now (null: only if it does not exist); 409 names its target",
+                    "there now (null: only if it does not exist); 409 names its target; 404 "
+                    "when the version does not exist or retention is deleting it",
                     "parameters": _path("organization", "artifact", "tag"),
                     "requestBody": _body(TagIn),
                     "responses": _answers(200, TagMoved, "moved"),

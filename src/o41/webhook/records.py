@@ -12,6 +12,10 @@
 - ``manifests/<org>/<artifact>/<version>``: a directory version's files (path, size, MD5;
   ``o41.core.directories``), put by the commit's own transaction.
 - ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
+- a version's record with ``deleting`` set (and its index key, likewise): retention is
+  deleting it (``o41.webhook.retention``); reads answer 404 "deleted by retention".
+- ``backfill/index``: set once every version committed before the index has its index
+  key (``o41.webhook.backfill``).
 - ``usage-by-hour/<hour>/<org>/<digest>``, ``usage-by-day/<day>/<org>/<digest>``: counters,
   merged by compare-and-swap (o41.webhook.usage); ``usage/<org>/<hour>/<digest>``: the
   layout before, folded into those.
@@ -146,6 +150,7 @@ class Version:
     metadata: dict[str, Any] | None = None
     seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
     files: int | None = None  # a directory version's file count (its manifest: manifest_key)
+    deleting: float | None = None  # when retention began deleting it: no longer readable
 
     def dump(self) -> bytes:
         return _dump(self)

@@ -21,3 +21,4 @@ class Settings:
     usage_daily_days: int = 400  # daily usage counters kept
     store_timeout: float = 5.0
     metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
+    retention_interval: float = 600.0  # seconds between passes over every covered artifact

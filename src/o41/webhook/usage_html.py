@@ -145,6 +145,7 @@ def render(org: str, rep: Report) -> str:
         )
     body = head + f"<p class=summary id=summary>{escape(rep.summary)}</p>"
     body += _question_1(rep, cur) + _by_source(rep, cur) + _question_2(rep, cur)
+    body += _cleanup(rep)
     body += _prices_table(rep.prices) + _signout()
     return html_page(f"o41 usage: {org}", body)
 
@@ -235,6 +236,32 @@ def _question_2(rep: Report, cur: str) -> str:
         "</tbody></table>"
         "<table id=localities><thead><tr><th>Locality</th><th>Reads</th><th>Bytes</th>"
         f"<th>Est. egress</th></tr></thead><tbody>{localities}</tbody></table>"
+    )
+
+
+def _cleanup(rep: Report) -> str:
+    """Abandoned uploads (aborted, or left to the bucket's rule) and retention, by location."""
+    if not rep.cleanups:
+        return (
+            "<h2>Abandoned uploads and retention</h2><p class=muted id=cleanup-none>No "
+            "abandoned upload and no version deleted by retention in this window.</p>"
+        )
+    rows = "".join(
+        f"<tr><td>{escape(c.location)}</td><td>{c.abandoned.count:,}</td>"
+        f"<td>{human_bytes(c.abandoned.bytes)}</td><td>{c.aborted.count:,}</td>"
+        f"<td>{human_bytes(c.aborted.bytes)}</td><td>{human_bytes(c.left.bytes)}</td>"
+        f"<td>{c.retained_away.count:,}</td><td>{human_bytes(c.retained_away.bytes)}</td></tr>"
+        for c in rep.cleanups
+    )
+    return (
+        "<h2>Abandoned uploads and retention</h2>"
+        "<p class=muted>An abandoned upload is a write whose pod never committed it; the "
+        "service aborts its upload when its pending lease expires (bytes: what the write "
+        "declared). One not aborted is removed by the bucket's lifecycle rule.</p>"
+        "<table id=cleanup><thead><tr><th>Location</th><th>Abandoned uploads</th>"
+        "<th>Abandoned bytes</th><th>Aborted</th><th>Aborted bytes</th>"
+        "<th>Left to the bucket's rule</th><th>Deleted by retention</th>"
+        f"<th>Retention bytes</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 

@@ -148,7 +148,11 @@ async def list_versions(
     return {
         "organization": org.name,
         "artifact": artifact,
-        "versions": [version_json(VersionRecord.load(kv.value)) for kv in rows],
+        "versions": [
+            version_json(r)
+            for r in (VersionRecord.load(kv.value) for kv in rows)
+            if r.deleting is None  # retention is deleting it
+        ],
         "next": following,
     }
 
@@ -224,7 +228,19 @@ async def resolve(
     got = await store.get(version_key(organization, artifact, version))
     if got is None:
         raise _no_version(organization, artifact, version)
-    return VersionRecord.load(got.value), tag
+    record = VersionRecord.load(got.value)
+    if record.deleting is not None:
+        raise deleted_by_retention(organization, artifact, version)
+    return record, tag
+
+
+def deleted_by_retention(organization: str, artifact: str, version: str) -> web.HTTPException:
+    return problem(
+        404,
+        f"version {version!r} of {artifact!r} was deleted by the retention rule of "
+        f"organization {organization!r} (it keeps the newest versions and tagged ones): "
+        f"`o41 versions --org {organization} --artifact {artifact}` lists those kept",
+    )
 
 
 async def describe(
@@ -295,6 +311,12 @@ async def move_tag(
             "resolve that tag first"
         )
     target, _ = await resolve(app, org.name, artifact, body.version)
+    # the version's record unchanged since it was read: retention marks it before it
+    # deletes it, so a tag never lands on a version being deleted (webhook/retention.py)
+    vkey = version_key(org.name, artifact, target.version)
+    held = await store.get(vkey)
+    if held is None or VersionRecord.load(held.value).deleting is not None:
+        raise deleted_by_retention(org.name, artifact, target.version)
     key = tag_key(org.name, artifact, tag)
     current = await store.get(key)
     now = None if current is None else Tag.load(current.value)
@@ -306,8 +328,12 @@ async def move_tag(
         if current is None
         else Compare(key, "mod", "==", current.mod_revision)
     )
-    result = await store.txn([guard], [Put(key, record.dump())], [])
+    unchanged = Compare(vkey, "mod", "==", held.mod_revision)
+    result = await store.txn([guard, unchanged], [Put(key, record.dump())], [])
     if not result.succeeded:
+        now_held = await store.get(vkey)
+        if now_held is None or now_held.mod_revision != held.mod_revision:
+            raise deleted_by_retention(org.name, artifact, target.version)
         again = await store.get(key)
         raise _lost(
             artifact,

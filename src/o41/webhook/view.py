@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from o41.api import GROUP, VERSION
 from o41.core.organization import Effective, Picks, effective
+from o41.core.retention import Rule, rules_of
 from o41.location_record import PREFIX, SELECTOR, LocationRecord, parse
 from o41.locations import Location, read_location
 
@@ -36,6 +37,7 @@ class OrganizationView:
     fallback: str | None
     cloud_defaults: Mapping[str, str]
     takes_writes: bool
+    retention: tuple[Rule, ...] = ()  # spec.retention: the platform engineer's, never a user's
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class OrganizationSource:
     namespaces: frozenset[str]
     picks: Picks
     hint: Effective
+    retention: tuple[Rule, ...] = ()
 
 
 def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
@@ -55,6 +58,7 @@ def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
         namespaces=frozenset(spec.get("namespaces") or ()),
         picks=Picks(spec.get("fallback"), dict(spec.get("cloudDefaults") or {})),
         hint=Effective(status.get("fallback"), dict(status.get("cloudDefaults") or {})),
+        retention=rules_of(spec.get("retention")),
     )
 
 
@@ -70,6 +74,7 @@ def organization_view(
         in_force.fallback,
         dict(in_force.cloud_defaults),
         in_force.takes_writes,
+        source.retention,
     )
 
 

@@ -51,6 +51,7 @@ from o41.webhook.keys import (
     BUCKETS,
     COUNTS,
     LEASES,
+    RETENTION,
     SECRETS,
     STORE,
     USAGE,
@@ -576,6 +577,7 @@ def version_of(
 def count_write(app: web.Application, pending: Pending, location: Location, size: int) -> None:
     """A committed version in the counters: the location's, and the usage page's."""
     app[COUNTS].committed(location.name)
+    app[RETENTION].committed(pending.organization, pending.artifact)
     app[USAGE].add(
         pending.organization,
         "write",

@@ -1,0 +1,151 @@
+"""Retention and the cleanup shown on the usage page, in-process (the embedded store, the
+real app, ``standin_bucket``); against etcd and versitygw: tests/test_retention_stores.py.
+
+The usage page shows what the sweeper counted (the uploads of expired writes: all of
+them, and those whose abort the bucket took) and what retention deleted, by location.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from o41.core.parts import PART_SIZE
+from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
+from o41.webhook.records import version_key
+from o41.webhook.view import organization_source
+from test_sweeper import MiB, begin_multipart, short_leases, until
+from test_writes import ORG, Service, serve
+
+__all__ = ["short_leases"]
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    async for s in serve(tmp_path):
+        yield s
+
+
+def rules(service: Service, keep: int) -> None:
+    assert service.app is not None
+    service.app[VIEW].put_organization(
+        organization_source(
+            {
+                "metadata": {"name": ORG},
+                "spec": {
+                    "namespaces": ["team-a"],
+                    "retention": [{"artifacts": "ckpt", "keepVersions": keep}],
+                },
+            }
+        )
+    )
+
+
+@pytest.mark.usefixtures("short_leases")
+async def test_the_usage_page_shows_abandoned_aborted_and_retained_bytes(
+    service: Service, tmp_path: Path
+) -> None:
+    assert service.app is not None
+    rules(service, 1)
+    # an expired write, whose upload the sweeper aborts
+    await begin_multipart(service, "left", parts_sent=1)
+    await until(lambda: service.storage.aborted, 15)
+    # two versions of a covered artifact: retention deletes the older one
+    data = [os.urandom(1000), os.urandom(2000)]
+    client = service.client("aws", "us-east-1")
+    for n, chunk in enumerate(data):
+        f = tmp_path / f"c{n}"
+        f.write_bytes(chunk)
+        await asyncio.to_thread(client.write, ORG, "ckpt", f)
+    retention = service.app[RETENTION]
+    await until(lambda: retention.deleted == 1, 15)
+    await service.app[USAGE].flush()
+
+    headers = {"Authorization": "Bearer token-team-a"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as s,
+        s.get(f"{service.url}/v1/usage?organization={ORG}&window=24h") as r,
+    ):
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["cleanup"] == [
+        {
+            "location": "east",
+            "abandoned": {"uploads": 1, "bytes": PART_SIZE + MiB},
+            "aborted": {"uploads": 1, "bytes": PART_SIZE + MiB},
+            "notAborted": {"uploads": 0, "bytes": 0},
+            "retention": {"versions": 1, "bytes": 1000},
+        }
+    ]
+    async with (
+        aiohttp.ClientSession(headers=headers) as s,
+        s.get(f"{service.url}/usage?organization={ORG}&window=24h") as r,
+    ):
+        assert r.status == 200
+        text = await r.text()
+    table = re.search(r"<table id=cleanup>.*?</table>", text, re.S)
+    assert table is not None, text
+    row = re.findall(r"<td>(.*?)</td>", table.group(0))
+    assert row == ["east", "1", "17.8 MB", "1", "17.8 MB", "0 B", "1", "1.0 kB"]
+
+
+async def test_retention_is_off_without_a_rule(service: Service, tmp_path: Path) -> None:
+    assert service.app is not None
+    client = service.client("aws", "us-east-1")
+    f = tmp_path / "v"
+    for n in range(3):
+        f.write_bytes(b"v" * (n + 1))
+        await asyncio.to_thread(client.write, ORG, "ckpt", f)
+    assert await service.app[RETENTION].apply(ORG, "ckpt") == 0
+    status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
+    assert status == 200 and len(page["versions"]) == 3
+    assert service.storage.deleted == []
+
+
+async def test_a_directory_version_is_kept_whole(service: Service, tmp_path: Path) -> None:
+    """A directory version (a record with ``files``, as point 3 writes them) has many
+    objects and a manifest that this pass does not delete: it stays whole, never half."""
+    assert service.app is not None
+    client = service.client("aws", "us-east-1")
+    f = tmp_path / "v"
+    written = []
+    for n in range(2):
+        f.write_bytes(b"d" * (n + 1))
+        written.append((await asyncio.to_thread(client.write, ORG, "ckpt", f)).version)
+    store = service.app[STORE]
+    key = version_key(ORG, "ckpt", written[0])
+    found = await store.get(key)
+    assert found is not None
+    await store.put(key, json.dumps({**json.loads(found.value), "files": 2}).encode())
+    rules(service, 1)
+    assert await service.app[RETENTION].apply(ORG, "ckpt") == 0
+    status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
+    assert status == 200 and len(page["versions"]) == 2
+    assert service.storage.deleted == []
+
+
+async def test_a_rule_added_later_is_found_by_the_periodic_pass(
+    service: Service, tmp_path: Path
+) -> None:
+    """No commit after the rule came: the periodic pass lists the artifacts a rule covers
+    (and only those) and applies it."""
+    assert service.app is not None
+    client = service.client("aws", "us-east-1")
+    f = tmp_path / "v"
+    for artifact in ("ckpt", "ckpt", "ckpt", "model", "model"):
+        f.write_bytes(b"v")
+        await asyncio.to_thread(client.write, ORG, artifact, f)
+    rules(service, 1)
+    retention = service.app[RETENTION]
+    covered = await retention._covered()
+    assert covered == {(ORG, "ckpt")}
+    assert [await retention.apply(*c) for c in covered] == [2]
+    status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/model/versions")
+    assert status == 200 and len(page["versions"]) == 2

@@ -1,0 +1,65 @@
+"""Retention on the whole stack: the rule set on the Organization with kubectl (the CRD's
+schema admits it, refuses a bad one), read by the placement service process from its
+watch, applied to versions written with the ``o41`` command into versitygw."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from test_placement import World, world  # noqa: F401 - the module's fixture
+
+pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
+
+
+def listed(w: World, artifact: str) -> list[str]:
+    status, page = w.api("GET", f"/v1/organizations/{w.org}/artifacts/{artifact}/versions")
+    assert status == 200, page
+    return [v["version"] for v in page["versions"]]
+
+
+def test_a_rule_on_the_organization_deletes_old_versions_but_not_tagged_ones(
+    world: World,  # noqa: F811
+) -> None:
+    w = world
+    with pytest.raises(RuntimeError, match="keepVersions"):  # the CRD's schema refuses it
+        w.organization(["team-a"], retention=[{"artifacts": "ckpt-*", "keepVersions": 0}])
+    w.organization(["team-a"], retention=[{"artifacts": "ckpt-*", "keepVersions": 2}])
+    time.sleep(2)  # the service's watch of Organizations: a moment
+
+    first = w.write(b"one", w.team_a, ("aws", "us-east-1"), artifact="ckpt-run")
+    status, tagged = w.api(
+        "PUT",
+        f"/v1/organizations/{w.org}/artifacts/ckpt-run/tags/best",
+        {"version": first["version"]},
+    )
+    assert status == 200, tagged
+    written = [first] + [
+        w.write(f"v{n}".encode(), w.team_a, ("aws", "us-east-1"), artifact="ckpt-run")
+        for n in range(3)
+    ]
+    versions = [x["version"] for x in written]
+    other = [w.write(b"m", w.team_a, ("aws", "us-east-1"), artifact="model-x") for _ in range(3)]
+
+    expected = [versions[3], versions[2], versions[0]]  # newest 2, and the tagged first
+    deadline = time.monotonic() + 60
+    while listed(w, "ckpt-run") != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert listed(w, "ckpt-run") == expected
+    status, gone = w.api(
+        "GET", f"/v1/organizations/{w.org}/artifacts/ckpt-run/versions/{versions[1]}"
+    )
+    assert status == 404, gone
+    _, data = w.read("best", w.team_a, ("aws", "us-east-1"), artifact="ckpt-run")
+    assert data == b"one"
+    assert len(listed(w, "model-x")) == len(other)  # no rule matches it
+    counted = [r for r in w.usage(w.team_a) if r["kind"] == "retention"]
+    deadline = time.monotonic() + 30
+    while not counted and time.monotonic() < deadline:
+        time.sleep(1)
+        counted = [r for r in w.usage(w.team_a) if r["kind"] == "retention"]
+    assert sum(r["counts"]["versions"] for r in counted) == 1
+    org = json.loads(w.kube.kubectl("get", "organization", w.org, "-o", "json"))
+    assert org["spec"]["retention"] == [{"artifacts": "ckpt-*", "keepVersions": 2}]
