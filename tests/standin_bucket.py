@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
 
@@ -61,6 +61,7 @@ class Storage:
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
+    gets: list[tuple[str, str | None, int]] = field(default_factory=list)  # path, Range, bytes
     deleted: list[str] = field(default_factory=list)  # each object deleted, by path
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -70,7 +71,7 @@ class Storage:
         return app
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        path, q = "/" + request.match_info["path"], request.query
+        path, q = request.rel_url.raw_path, request.query  # as signed: quoted
         expires = int(q.get("expires", "0"))
         extra = f"{q.get('uploadId', '')}/{q.get('partNumber', '')}"
         want = _signature(request.method, path, expires, extra)
@@ -92,11 +93,15 @@ class Storage:
         if rng := request.headers.get("Range"):
             first, _, last = rng.removeprefix("bytes=").partition("-")
             start, end = int(first), min(int(last or len(found.data) - 1), len(found.data) - 1)
+            with self.lock:
+                self.gets.append((path, rng, end + 1 - start))
             return web.Response(
                 status=206,
                 body=found.data[start : end + 1],
                 headers={"Content-Range": f"bytes {start}-{end}/{len(found.data)}"},
             )
+        with self.lock:
+            self.gets.append((path, None, len(found.data)))
         return web.Response(body=found.data)
 
     def opener(self, ref: BucketRef) -> StandInBucket:
@@ -212,3 +217,15 @@ class StandInBucket:
             return None
         md5 = None if found.crc32 else hashlib.md5(found.data).hexdigest()
         return ObjectStat(size=len(found.data), md5=md5, crc32=found.crc32)
+
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        start = self._path(prefix)
+        with self._storage.lock:
+            held = {p: o for p, o in self._storage.objects.items() if p.startswith(start)}
+        base = f"/{self.ref.bucket}/"
+        return {
+            unquote(p.removeprefix(base)): ObjectStat(
+                size=len(o.data), md5=None if o.crc32 else hashlib.md5(o.data).hexdigest()
+            )
+            for p, o in held.items()
+        }

@@ -579,6 +579,23 @@ def test_stat_of_a_missing_key_is_none(ready: Bucket) -> None:
     assert ready.stat("no/such/object") is None
 
 
+def test_list_under_a_prefix_gives_each_object_its_size(ready: Bucket) -> None:
+    """A directory version's commit lists its prefix: every key under it (and only those),
+    with the size and, where the listing shows one, the MD5 of each."""
+    files = {f"d/v1/{name}": os.urandom(n) for n, name in enumerate(["a", "b/c", "é f"], 1)}
+    files["d/v10/other"] = b"not under d/v1/"
+    for key, data in files.items():
+        status, _, body = send(ready.presign_put(key, expires=300, size=len(data)), data)
+        assert status in (200, 201), body[:300]
+    listed = ready.list_under("d/v1/")
+    assert sorted(listed) == ["d/v1/a", "d/v1/b/c", "d/v1/é f"]
+    for key, stat in listed.items():
+        assert stat.size == len(files[key])
+        if stat.md5 is not None:
+            assert stat.md5 == hashlib.md5(files[key]).hexdigest()
+    assert ready.list_under("nothing/here/") == {}
+
+
 def test_delete_removes_the_object_and_is_idempotent(ready: Bucket) -> None:
     """What retention calls: the object is gone; a second delete (a pass repeated after a
     crash) and a delete of a key that never existed are no error."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
+from o41.client import directories as _directories
 from o41.client.artifacts import (
     ArtifactError,
     Artifacts,
@@ -57,7 +58,9 @@ __all__ = [
     "BadRequest",
     "Client",
     "Conflict",
+    "Directory",
     "Error",
+    "FileInfo",
     "Forbidden",
     "NotFound",
     "Page",
@@ -73,11 +76,13 @@ __all__ = [
     "artifacts",
     "configure",
     "delete_tag",
+    "files",
     "latest",
     "open",
     "pages",
     "read",
     "read_bytes",
+    "read_file",
     "resolve",
     "tag",
     "tags",
@@ -113,6 +118,7 @@ class Version:
     writer: Place  # the place of the pod that wrote it
     metadata: dict[str, Any] = field(default_factory=dict)
     tag: str | None = None  # the tag it was resolved by, if any
+    files: int | None = None  # a directory version's number of files; None: one file
 
     @classmethod
     def of(cls, found: Mapping[str, Any]) -> Version:
@@ -126,6 +132,7 @@ class Version:
             writer=Place(w.get("cloud"), w.get("region"), w.get("source", "none")),
             metadata=dict(found.get("metadata") or {}),
             tag=found.get("tag"),
+            files=found.get("files"),
         )
 
 
@@ -137,6 +144,7 @@ class Written:
     warning: str | None  # set when the location is far from the writer
     size: int
     tag: str | None = None
+    files: int | None = None  # a directory's number of files; None: one file
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,28 @@ class Read:
     location: str
     locality: str  # local, cross-region or cross-cloud
     size: int
+    tag: str | None = None
+    files: int | None = None  # a directory's number of files; None: one file
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One file of a directory version."""
+
+    path: str  # relative, '/' between names
+    size: int
+    md5: str
+
+
+@dataclass(frozen=True)
+class Directory:
+    """A directory version's files, sorted by path."""
+
+    version: str  # the version listed (what "latest" or the tag named)
+    location: str
+    size: int  # of all its files
+    files: list[FileInfo]
+    metadata: dict[str, Any] = field(default_factory=dict)
     tag: str | None = None
 
 
@@ -216,7 +246,8 @@ class Client:
         resume: str | None = None,
     ) -> Written:
         """Write ``source`` as a new version: a path (uploaded without a copy, in parallel
-        parts when large), bytes, or a binary file object (a ``BytesIO`` is sent from
+        parts when large; a directory is one version of all its files, uploaded in
+        parallel and committed at once), bytes, or a binary file object (a ``BytesIO`` is sent from
         memory; another is read to a temporary file first, since a write declares its
         size). ``metadata``: small JSON key/values kept with the version (at most 64 keys,
         8 KiB). ``tag``: moved to this version when it commits. ``resume``: the version id
@@ -239,7 +270,12 @@ class Client:
         elif isinstance(source, str | os.PathLike):
             path = Path(source)
             if path.is_dir():
-                raise Error(f"{path} is a directory: write one file (directories come later)")
+                if resume is not None:
+                    raise Error(f"{path} is a directory: a directory's write does not resume")
+                d = _directories.write_dir(
+                    api, organization, artifact, path, metadata=metadata, tag=tag
+                )
+                return Written(d.version, d.location, d.rule, d.warning, d.size, d.tag, d.files)
             w = write_path(path)
         elif isinstance(source, io.BytesIO):
             view = source.getbuffer()[source.tell() :]
@@ -261,22 +297,63 @@ class Client:
         self, organization: str, artifact: str, version: str, path: str | os.PathLike[str]
     ) -> Read:
         """Download ``version`` (an id, ``"latest"`` or a tag) to ``path``, written whole
-        or not at all; large versions come as parallel ranges."""
-        r = self._api.read(organization, artifact, version, Path(path))
-        return Read(r.version, r.location, r.locality, r.size, r.tag)
+        or not at all; large versions come as parallel ranges. A directory version is
+        read to the directory ``path`` (new or empty), its files in parallel."""
+        r, count = _directories.read_any(self._api, organization, artifact, version, Path(path))
+        return Read(r.version, r.location, r.locality, r.size, r.tag, count)
 
-    def read_bytes(self, organization: str, artifact: str, version: str = LATEST) -> bytes:
-        """A version's bytes (checked against its size, and MD5 when known). To know which
-        version ``"latest"`` was, use :meth:`open` (its ``version``) or :meth:`resolve`
-        first and read by id."""
+    def read_bytes(
+        self, organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+    ) -> bytes:
+        """A version's bytes (checked against its size, and MD5 when known); ``path``:
+        one file of a directory version. To know which version ``"latest"`` was, use
+        :meth:`open` (its ``version``) or :meth:`resolve` first and read by id."""
+        if path is not None:
+            with self.open(organization, artifact, version, path=path) as f:
+                return f.read()
         data, _ = self._api.read_bytes(organization, artifact, version)
         return data
 
-    def open(self, organization: str, artifact: str, version: str = LATEST) -> VersionFile:
+    def open(
+        self, organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+    ) -> VersionFile:
         """A version as a seekable binary file object; reading starts at once, before
-        the whole version is down (``torch.load(f)``, ``tarfile.open(fileobj=f)``)."""
+        the whole version is down (``torch.load(f)``, ``tarfile.open(fileobj=f)``).
+        ``path``: one file of a directory version."""
+        if path is not None:
+            raw, found = _directories.open_file(self._api, organization, artifact, version, path)
+            return VersionFile(raw, found)
         found = self._api.locate(organization, artifact, version)
+        if found.get("download") is None and found.get("files") is not None:
+            raise Error(
+                f"version {found['version']} of {artifact!r} is a directory of "
+                f"{found['files']} files: open one with path=..., or read it to a directory"
+            )
         return VersionFile(RangeReader(found, self._api.timeout), found)
+
+    def read_file(
+        self,
+        organization: str,
+        artifact: str,
+        version: str,
+        path: str,
+        output: str | os.PathLike[str],
+    ) -> Read:
+        """One file (``path``) of a directory version to ``output``, whole or not at all."""
+        r = _directories.read_file(self._api, organization, artifact, version, path, output)
+        return Read(r.version, r.location, r.locality, r.size, r.tag)
+
+    def files(self, organization: str, artifact: str, version: str = LATEST) -> Directory:
+        """A directory version's files with their sizes and MD5s, sorted by path."""
+        found = _directories.listing(self._api, organization, artifact, version)
+        return Directory(
+            found["version"],
+            found["location"],
+            found["size"],
+            [FileInfo(f["path"], f["size"], f["md5"]) for f in found["files"]],
+            dict(found.get("metadata") or {}),
+            found.get("tag"),
+        )
 
     # --- versions ----------------------------------------------------------------------
 
@@ -413,14 +490,30 @@ def read(organization: str, artifact: str, version: str, path: str | os.PathLike
     return _client().read(organization, artifact, version, path)
 
 
-def read_bytes(organization: str, artifact: str, version: str = LATEST) -> bytes:
+def read_bytes(
+    organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+) -> bytes:
     """:meth:`Client.read_bytes` on the default client."""
-    return _client().read_bytes(organization, artifact, version)
+    return _client().read_bytes(organization, artifact, version, path=path)
 
 
-def open(organization: str, artifact: str, version: str = LATEST) -> VersionFile:
+def open(
+    organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+) -> VersionFile:
     """:meth:`Client.open` on the default client."""
-    return _client().open(organization, artifact, version)
+    return _client().open(organization, artifact, version, path=path)
+
+
+def read_file(
+    organization: str, artifact: str, version: str, path: str, output: str | os.PathLike[str]
+) -> Read:
+    """:meth:`Client.read_file` on the default client."""
+    return _client().read_file(organization, artifact, version, path, output)
+
+
+def files(organization: str, artifact: str, version: str = LATEST) -> Directory:
+    """:meth:`Client.files` on the default client."""
+    return _client().files(organization, artifact, version)
 
 
 def pages(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from o41.client.artifacts import Artifacts
@@ -115,32 +115,54 @@ def _write(args: argparse.Namespace) -> int:
         metadata = _metadata(args.metadata)
     except argparse.ArgumentTypeError as e:
         return _fail(args, e)
+    import os
+
+    files: int | None = None
     try:
-        written = _artifacts(args).write(
-            args.org,
-            args.artifact,
-            args.file,
-            metadata=metadata,
-            tag=args.tag,
-            resume=args.resume,
-        )
+        if os.path.isdir(args.file):
+            if args.resume is not None:
+                return _fail(args, ValueError("a directory's write does not resume"))
+            from o41.client.directories import write_dir
+
+            written: object = write_dir(
+                _artifacts(args),
+                args.org,
+                args.artifact,
+                args.file,
+                metadata=metadata,
+                tag=args.tag,
+            )
+            files = getattr(written, "files", None)
+        else:
+            written = _artifacts(args).write(
+                args.org,
+                args.artifact,
+                args.file,
+                metadata=metadata,
+                tag=args.tag,
+                resume=args.resume,
+            )
     except _errors() as e:
         return _fail(args, e)
+    w: Any = written
     if args.json:
         found = {
-            "version": written.version,
-            "location": written.location,
-            "rule": written.rule,
-            "warning": written.warning,
+            "version": w.version,
+            "location": w.location,
+            "rule": w.rule,
+            "warning": w.warning,
         }
-        if written.tag is not None:  # the format without --tag stays as it was
-            found["tag"] = written.tag
+        if w.tag is not None:  # the format without --tag stays as it was
+            found["tag"] = w.tag
+        if files is not None:  # a directory: how many files
+            found["files"] = files
         print(json.dumps(found))
     else:
-        tagged = f", tagged {written.tag}" if written.tag else ""
+        tagged = f", tagged {w.tag}" if w.tag else ""
+        count = f"{files} files, " if files is not None else ""
         print(
-            f"wrote {args.artifact} version {written.version} ({written.size} bytes) to "
-            f"location {written.location} (rule: {written.rule}){tagged}"
+            f"wrote {args.artifact} version {w.version} ({count}{w.size} bytes) to "
+            f"location {w.location} (rule: {w.rule}){tagged}"
         )
     return 0
 
@@ -148,8 +170,19 @@ def _write(args: argparse.Namespace) -> int:
 def _read(args: argparse.Namespace) -> int:
     import json
 
+    from o41.client import directories
+
+    files: int | None = None
     try:
-        got = _artifacts(args).read(args.org, args.artifact, args.version, args.output)
+        api = _artifacts(args)
+        if args.path is not None:
+            got = directories.read_file(
+                api, args.org, args.artifact, args.version, args.path, args.output
+            )
+        else:
+            got, files = directories.read_any(
+                api, args.org, args.artifact, args.version, args.output
+            )
     except _errors() as e:
         return _fail(args, e)
     if args.json:
@@ -158,10 +191,32 @@ def _read(args: argparse.Namespace) -> int:
             answer.update(version=got.version, tag=got.tag)
         print(json.dumps(answer))
     else:
+        count = f"{files} files, " if files is not None else ""
         print(
-            f"read {args.artifact} version {got.version} ({got.size} bytes) from location "
-            f"{got.location} ({got.locality})"
+            f"read {args.artifact} version {got.version} ({count}{got.size} bytes) from "
+            f"location {got.location} ({got.locality})"
         )
+    return 0
+
+
+def _files(args: argparse.Namespace) -> int:
+    import json
+
+    from o41.client.directories import listing
+
+    try:
+        found = listing(_artifacts(args), args.org, args.artifact, args.version)
+    except _errors() as e:
+        return _fail(args, e)
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    for f in found["files"]:
+        print(f"{f['size']:>12}  {f['md5']}  {f['path']}")
+    print(
+        f"version {found['version']}: {len(found['files'])} files, {found['size']} bytes",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -314,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     write = sub.add_parser("write", help="write FILE as a new version of an artifact")
     _service_options(write)
-    write.add_argument("file", help="the file to upload")
+    write.add_argument(
+        "file", help="the file to upload, or a directory (one version of all its files)"
+    )
     write.add_argument(
         "--metadata",
         action="append",
@@ -339,8 +396,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID|latest|TAG",
         help="the version to read: its id, 'latest' (the newest committed) or a tag",
     )
-    read.add_argument("--output", required=True, help="where to write it")
+    read.add_argument(
+        "--output",
+        required=True,
+        help="where to write it (a directory version: a new or empty directory)",
+    )
+    read.add_argument("--path", help="one file of a directory version (its relative path)")
     read.set_defaults(handler=_read)
+
+    files = sub.add_parser("files", help="list the files of a directory version: size, MD5, path")
+    _service_options(files)
+    files.add_argument(
+        "--version", default="latest", metavar="ID|latest|TAG", help="the version (latest)"
+    )
+    files.set_defaults(handler=_files)
 
     versions = sub.add_parser(
         "versions",

@@ -378,6 +378,17 @@ class AzureBucket:
             size=int(props.size), etag=props.etag, md5=bytes(md5).hex() if md5 else None
         )
 
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        check_key(prefix)
+        found: dict[str, ObjectStat] = {}
+        with self._failing("listing the blobs of", cls=StorageError):
+            for props in self._container.list_blobs(name_starts_with=prefix):
+                md5 = props.content_settings.content_md5
+                found[props.name] = ObjectStat(
+                    size=int(props.size), etag=props.etag, md5=bytes(md5).hex() if md5 else None
+                )
+        return found
+
     def _upload_id(self, upload: MultipartUpload | str) -> str:
         upload_id = upload_id_of(upload)
         if not _UPLOAD_ID.fullmatch(upload_id):

@@ -300,6 +300,12 @@ class Bucket(Protocol):
         """Size and checksums of ``key``, or None when there is no such object."""
         ...
 
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        """Every object whose key starts with ``prefix``, by key: its size and the
+        checksums a listing shows (fewer than :meth:`stat` may: S3's listing cannot tell
+        an MD5 ETag from an SSE-KMS one, so its ``md5`` is only a hint)."""
+        ...
+
     def delete(self, key: str) -> None:
         """Delete the object ``key`` (a version retention lets go). Idempotent: a key with
         no object is not an error."""

@@ -517,6 +517,19 @@ class GcsBucket:
         md5 = base64.b64decode(blob.md5_hash).hex() if blob.md5_hash else None
         return ObjectStat(size=int(blob.size), etag=blob.etag, md5=md5, crc32c=blob.crc32c)
 
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        check_key(prefix)
+        found: dict[str, ObjectStat] = {}
+        with self._failing("listing the objects of", cls=StorageError):
+            for blob in self._client.list_blobs(
+                self.ref.bucket, prefix=prefix, timeout=_TIMEOUT, retry=_RETRY
+            ):
+                md5 = base64.b64decode(blob.md5_hash).hex() if blob.md5_hash else None
+                found[blob.name] = ObjectStat(
+                    size=int(blob.size), etag=blob.etag, md5=md5, crc32c=blob.crc32c
+                )
+        return found
+
     def _upload_id(self, upload: MultipartUpload | str) -> str:
         upload_id = upload_id_of(upload)
         if not _UPLOAD_ID.fullmatch(upload_id):

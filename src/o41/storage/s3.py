@@ -636,6 +636,21 @@ class S3Bucket:
             crc32=head.get("ChecksumCRC32"),
         )
 
+    def list_under(self, prefix: str) -> dict[str, ObjectStat]:
+        check_key(prefix)
+        found: dict[str, ObjectStat] = {}
+        with self._failing("listing the objects of", cls=StorageError):
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.ref.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    etag = obj.get("ETag")
+                    bare = (etag or "").strip('"')
+                    md5 = bare.lower() if len(bare) == 32 and "-" not in bare else None
+                    found[obj["Key"]] = ObjectStat(size=int(obj["Size"]), etag=etag, md5=md5)
+        return found
+
     @property
     def _part_checksums(self) -> bool:
         """CRC32 part checksums on AWS only: its behaviour with them is documented."""

@@ -16,7 +16,14 @@ from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
 from o41.core.usage import DEFAULT_WINDOW, WINDOWS
-from o41.webhook.placement import BeginIn, CommitIn, PartsIn, TagIn
+from o41.webhook.placement import (
+    BeginIn,
+    CommitIn,
+    DirectoryBeginIn,
+    DirectoryCommitIn,
+    PartsIn,
+    TagIn,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -116,11 +123,60 @@ class ReadOut(Out):
     locality: Literal["local", "cross-region", "cross-cloud"]
     size: int
     md5: str | None
-    download: Signed
+    download: Signed | None = Field(
+        description="Null for a directory version: read its files (the files route)."
+    )
     requested: str = Field(description="The reference asked for: an id, 'latest' or a tag.")
     tag: str | None = Field(description="The tag it resolved, when it was one.")
     committed: float
     metadata: dict[str, Any]
+    files: int | None = Field(None, description="A directory version's number of files.")
+
+
+class SignedFile(Signed):
+    path: str
+
+
+class DirectoryBeginOut(Out):
+    version: str
+    location: str
+    cloud: str
+    region: str
+    rule: Literal["region", "cloud", "fallback"]
+    warning: str | None
+    files: list[SignedFile] = Field(description="One PUT per file, in the manifest's order.")
+    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
+
+
+class DirectoryCommitOut(CommitOut):
+    files: int
+
+
+class FileOut(Out):
+    path: str
+    size: int
+    md5: str
+    download: Signed | None = Field(None, description="With download=true.")
+
+
+class FilesOut(Out):
+    """A directory version's files, sorted by path, and where they live."""
+
+    version: str
+    location: str
+    cloud: str
+    region: str
+    locality: Literal["local", "cross-region", "cross-cloud"]
+    size: int = Field(description="Of all its files.")
+    requested: str
+    tag: str | None
+    committed: float
+    metadata: dict[str, Any]
+    files: list[FileOut]
+
+
+class FileReadOut(ReadOut):
+    path: str
 
 
 class Writer(Out):
@@ -138,6 +194,7 @@ class VersionOut(Out):
     writer: Writer
     rule: str
     metadata: dict[str, Any]
+    files: int | None = Field(None, description="A directory version's number of files.")
 
 
 class VersionsOut(Out):
@@ -251,12 +308,18 @@ _MODELS: list[type[BaseModel]] = [
     CommitIn,
     PartsIn,
     TagIn,
+    DirectoryBeginIn,
+    DirectoryCommitIn,
     Error,
     BeginOut,
     ProgressOut,
     PartsOut,
     CommitOut,
     ReadOut,
+    DirectoryBeginOut,
+    DirectoryCommitOut,
+    FilesOut,
+    FileReadOut,
     VersionsOut,
     ArtifactsOut,
     TagsOut,
@@ -464,6 +527,53 @@ def document() -> dict[str, Any]:
                     "parameters": _path("organization", "artifact", "version")
                     + _query("cloud", "region", "source"),
                     "responses": _answers(200, ReadOut, "the version"),
+                }
+            },
+            "/v1/directories": {
+                "post": {
+                    "operationId": "beginDirectory",
+                    "summary": "Begin a directory version: one location for all its files, "
+                    "one pre-signed PUT per file (each under the version's prefix)",
+                    "requestBody": _body(DirectoryBeginIn),
+                    "responses": _answers(201, DirectoryBeginOut, "the version and its uploads"),
+                }
+            },
+            "/v1/directories/{version}/commit": {
+                "post": {
+                    "operationId": "commitDirectory",
+                    "summary": "Commit a directory version once the bucket holds every file: "
+                    "the version and its manifest appear together",
+                    "parameters": _path("version"),
+                    "requestBody": _body(DirectoryCommitIn),
+                    "responses": _answers(200, DirectoryCommitOut, "committed"),
+                }
+            },
+            "/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files": {
+                "get": {
+                    "operationId": "files",
+                    "summary": "A directory version's files (path, size, MD5); with "
+                    "download=true, a signed download of each",
+                    "parameters": _path("organization", "artifact", "version")
+                    + _query("cloud", "region", "source")
+                    + [
+                        {
+                            "name": "download",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": ["true", "false"], "default": "false"},
+                        }
+                    ],
+                    "responses": _answers(200, FilesOut, "the files"),
+                }
+            },
+            "/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files/"
+            "{path}": {
+                "get": {
+                    "operationId": "readFile",
+                    "summary": "Read one file of a directory version: where it lives, a download",
+                    "parameters": _path("organization", "artifact", "version", "path")
+                    + _query("cloud", "region", "source"),
+                    "responses": _answers(200, FileReadOut, "the file"),
                 }
             },
             "/v1/usage": {

@@ -13,26 +13,41 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from o41.jsonlimits import TooDeep, check_depth
-from o41.webhook import versions, writes
+from o41.core.directories import MAX_FILES
+from o41.jsonlimits import MAX_CONTAINERS, TooDeep, check_depth
+from o41.webhook import directories, versions, writes
 from o41.webhook.auth import caller
+from o41.webhook.directories import DirectoryBeginIn, DirectoryCommitIn
 from o41.webhook.errors import problem
 from o41.webhook.scope import Model
 from o41.webhook.versions import TagIn
 from o41.webhook.writes import BeginIn, CommitIn, PartsIn, PlaceIn
 
-__all__ = ["BeginIn", "CommitIn", "PartsIn", "PlaceIn", "TagIn", "parse", "routes"]
+__all__ = [
+    "BeginIn",
+    "CommitIn",
+    "DirectoryBeginIn",
+    "DirectoryCommitIn",
+    "PartsIn",
+    "PlaceIn",
+    "TagIn",
+    "parse",
+    "routes",
+]
 
 routes = web.RouteTableDef()
 
 
-async def parse(request: web.Request, model: type[Model]) -> Any:
-    """The body as ``model``, or a 400 that names every wrong field."""
+async def parse(
+    request: web.Request, model: type[Model], *, containers: int = MAX_CONTAINERS
+) -> Any:
+    """The body as ``model``, or a 400 that names every wrong field. ``containers``: the
+    most arrays and objects the body may hold."""
     if request.content_type != "application/json":
         raise problem(415, "send a JSON body with Content-Type: application/json")
     try:
         raw = await request.read()
-        check_depth(raw, what="the body")
+        check_depth(raw, what="the body", max_containers=containers)
         return model.model_validate_json(raw)
     except TooDeep as e:
         raise problem(400, f"invalid request: {e}") from None
@@ -203,6 +218,69 @@ async def read(request: web.Request) -> web.Response:
         m["organization"],
         m["artifact"],
         m["version"],
+        reader,
+    )
+    return web.json_response(found)
+
+
+# --- directory versions ------------------------------------------------------------------
+
+
+@routes.post("/v1/directories")
+async def begin_directory(request: web.Request) -> web.Response:
+    """Begin a directory version: one location for all its files, one upload per file."""
+    # an object per file, and the metadata's and place's own
+    body: DirectoryBeginIn = await parse(
+        request, DirectoryBeginIn, containers=MAX_FILES + MAX_CONTAINERS
+    )
+    began = await directories.begin(request.app, caller(request).namespace, body)
+    return web.json_response(began, status=201)
+
+
+@routes.post("/v1/directories/{version}/commit")
+async def commit_directory(request: web.Request) -> web.Response:
+    """Make a directory version readable, once the bucket holds every file."""
+    body: DirectoryCommitIn = await parse(request, DirectoryCommitIn)
+    version = request.match_info["version"]
+    return web.json_response(
+        await directories.commit(request.app, caller(request).namespace, version, body)
+    )
+
+
+@routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files")
+async def list_files(request: web.Request) -> web.Response:
+    """A directory version's files; ``?download=true`` signs a download of each."""
+    reader = reader_place(request).place
+    flag = request.query.get("download", "false")
+    if flag not in ("true", "false"):
+        raise problem(400, f"download must be true or false, not {flag[:20]!r}")
+    m = request.match_info
+    found = await directories.files(
+        request.app,
+        caller(request).namespace,
+        m["organization"],
+        m["artifact"],
+        m["version"],
+        reader,
+        download=flag == "true",
+    )
+    return web.json_response(found)
+
+
+@routes.get(
+    "/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files/{path:.+}"
+)
+async def read_file(request: web.Request) -> web.Response:
+    """One file of a directory version: where it lives and a download."""
+    reader = reader_place(request).place
+    m = request.match_info
+    found = await directories.read_file(
+        request.app,
+        caller(request).namespace,
+        m["organization"],
+        m["artifact"],
+        m["version"],
+        m["path"],
         reader,
     )
     return web.json_response(found)

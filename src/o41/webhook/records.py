@@ -9,6 +9,8 @@
 - ``artifacts/<org>/<artifact>``: the artifact's name, its commit count and its latest
   version; every commit of the artifact moves it by compare-and-set, so commits take
   sequence numbers one at a time.
+- ``manifests/<org>/<artifact>/<version>``: a directory version's files (path, size, MD5;
+  ``o41.core.directories``), put by the commit's own transaction.
 - ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
 - a version's record with ``deleting`` set (and its index key, likewise): retention is
   deleting it (``o41.webhook.retention``); reads answer 404 "deleted by retention".
@@ -44,6 +46,10 @@ def versions_prefix(organization: str, artifact: str) -> bytes:
 
 def index_prefix(organization: str, artifact: str) -> bytes:
     return PREFIX + f"index/{organization}/{artifact}/".encode()
+
+
+def manifest_key(organization: str, artifact: str, version: str) -> bytes:
+    return PREFIX + f"manifests/{organization}/{artifact}/{version}".encode()
 
 
 def artifact_key(organization: str, artifact: str) -> bytes:
@@ -117,6 +123,7 @@ class Pending:
     metadata: dict[str, Any] | None = None  # the user's, checked at begin
     tag: str | None = None  # moved to this version at commit
     part_size: int | None = None  # of a multipart write: a resume cuts the file the same
+    manifest: list[list[Any]] | None = None  # a directory's [path, size, md5] rows
 
     def dump(self) -> bytes:
         return _dump(self)
@@ -142,6 +149,7 @@ class Version:
     committed: float
     metadata: dict[str, Any] | None = None
     seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
+    files: int | None = None  # a directory version's file count (its manifest: manifest_key)
     deleting: float | None = None  # when retention began deleting it: no longer readable
 
     def dump(self) -> bytes:

@@ -77,6 +77,8 @@ def version_json(record: VersionRecord, tags: list[str] | None = None) -> dict[s
         "rule": record.rule,
         "metadata": record.metadata or {},
     }
+    if record.files is not None:  # a directory version: how many files
+        found["files"] = record.files
     if tags is not None:
         found["tags"] = tags
     return found

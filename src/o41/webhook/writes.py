@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from aiohttp import web
 from pydantic import Field
@@ -23,7 +23,7 @@ from pydantic import Field
 from o41 import logs
 from o41.api import NAME_PATTERN, LocationSpec
 from o41.core.parts import MAX_PARTS
-from o41.core.placement import place_write
+from o41.core.placement import Placement, place_write
 from o41.core.places import Place, locality
 from o41.core.versions import (
     MAX_METADATA_BYTES,
@@ -44,7 +44,7 @@ from o41.core.writes import (
     upload_plan,
 )
 from o41.locations import Location
-from o41.state import Compare, Delete, LeaseNotFound, Put, Store, StoreUnavailable
+from o41.state import Compare, Delete, KeyValue, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
 from o41.webhook import telemetry
 from o41.webhook.errors import LocationFailed, problem
@@ -234,19 +234,24 @@ def signed(req: SignedRequest) -> dict[str, Any]:
     return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
 
 
-async def put_pending(app: web.Application, version: str, record: bytes) -> None:
+async def put_pending(
+    app: web.Application, version: str, record: bytes, *, alone: bool = False
+) -> None:
     """Store a pending record under this minute's lease. A lease lost under the service
-    (revoked or expired in etcd) is replaced once: begins never fail for it."""
+    (revoked or expired in etcd) is replaced once: begins never fail for it. ``alone``:
+    a put of its own, not batched with other begins' (a directory's record, whose
+    manifest may be most of a request etcd takes)."""
     store, leases, batcher = app[STORE], app[LEASES], app[BATCHER]
+    put = store.put if alone else batcher.put
     lease = await leases.current(store)
     try:
-        await batcher.put(pending_key(version), record, lease=lease)
+        await put(pending_key(version), record, lease=lease)
     except LeaseNotFound:
         log.warning("the lease of pending writes %x was gone from etcd; granting another", lease)
     else:
         return
     try:
-        await batcher.put(pending_key(version), record, lease=await leases.renew(store, lease))
+        await put(pending_key(version), record, lease=await leases.renew(store, lease))
     except LeaseNotFound:
         raise StoreUnavailable("it lost the lease of pending writes twice in a row") from None
 
@@ -274,66 +279,104 @@ async def upload(
     return {"multipart": {"partSize": plan.part_size, "parts": parts}}, started.upload_id
 
 
-async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
-    """Choose the location for a new version and hand out pre-signed upload requests."""
-    plan = upload_plan(body.size, body.part_size, body.crc32)
-    metadata = check_metadata(body.metadata)
-    tag = None if body.tag is None else check_tag(body.tag)
-    org = organization_for(app, body.organization, namespace)
-    view, place = app[VIEW], body.place.place
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a new version goes: the caller's organization, the writer's place, the rule
+    that chose the location, and the location."""
+
+    organization: str
+    place: Place
+    chosen: Placement
+    location: Location
+
+    def pending(self, namespace: str, artifact: str, version: str, **more: Any) -> Pending:
+        """The pending write of ``version`` placed here (``more``: its upload's fields)."""
+        return Pending(
+            organization=self.organization,
+            artifact=artifact,
+            version=version,
+            namespace=namespace,
+            location=self.location.name,
+            rule=str(self.chosen.rule),
+            cloud=self.place.cloud,
+            region=self.place.region,
+            source=self.place.source,
+            began=time.time(),
+            **more,
+        )
+
+    def answer(self, version: str, **uploads: Any) -> dict[str, Any]:
+        """What a begin answers: the version, where it goes and how, its uploads."""
+        return {
+            "version": version,
+            "location": self.location.name,
+            "cloud": self.location.cloud,
+            "region": self.location.region,
+            "rule": str(self.chosen.rule),
+            "warning": self.chosen.warning,
+            **uploads,
+            "expiresIn": UPLOAD_EXPIRES,
+        }
+
+
+def place_new(
+    app: web.Application, namespace: str, organization: str, place_in: PlaceIn, exclude: list[str]
+) -> Placed:
+    """The location of a new version, by the rules of ``o41.core.placement``."""
+    org = organization_for(app, organization, namespace)
+    view, place = app[VIEW], place_in.place
     chosen = place_write(
         place,
         [loc.facts for loc in view.locations_of(org.name)],
         fallback=org.fallback,
         cloud_defaults=org.cloud_defaults,
-        exclude=body.exclude,
+        exclude=exclude,
         organization=f"organization {org.name!r}",
     )
     location = view.locations[chosen.location]
     logs.known(organization=org.name, location=location.name)
+    return Placed(org.name, place, chosen, location)
+
+
+def count_begin(app: web.Application, placed: Placed) -> None:
+    chosen = placed.chosen
+    app[USAGE].add(
+        placed.organization,
+        "begin",
+        {**placed.place.as_json(), "rule": str(chosen.rule), "location": placed.location.name},
+        begins=1,
+        warnings=1 if chosen.warning else 0,
+    )
+
+
+async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
+    """Choose the location for a new version and hand out pre-signed upload requests."""
+    plan = upload_plan(body.size, body.part_size, body.crc32)
+    metadata = check_metadata(body.metadata)
+    tag = None if body.tag is None else check_tag(body.tag)
+    placed = place_new(app, namespace, body.organization, body.place, body.exclude)
+    location = placed.location
     version = new_version()
     key = f"{body.artifact}/{version}"
     opened = await bucket_for(app, location)
     requests, upload_id = await upload(opened, location.name, key, plan, body)
-    pending = Pending(
-        organization=org.name,
-        artifact=body.artifact,
-        version=version,
-        namespace=namespace,
-        location=location.name,
+    pending = placed.pending(
+        namespace,
+        body.artifact,
+        version,
         key=key,
-        rule=str(chosen.rule),
-        cloud=place.cloud,
-        region=place.region,
-        source=place.source,
         size=body.size,
         md5=body.md5,
         upload_id=upload_id,
         parts=plan.parts,
-        began=time.time(),
         crc32=body.crc32,
         metadata=metadata,
         tag=tag,
         part_size=plan.part_size,
     )
     await put_pending(app, version, pending.dump())
-    app[USAGE].add(
-        org.name,
-        "begin",
-        {**place.as_json(), "rule": str(chosen.rule), "location": location.name},
-        begins=1,
-        warnings=1 if chosen.warning else 0,
-    )
-    return {
-        "version": version,
-        "location": location.name,
-        "cloud": location.cloud,
-        "region": location.region,
-        "rule": str(chosen.rule),
-        "warning": chosen.warning,
-        "upload": requests,
-        "expiresIn": UPLOAD_EXPIRES,
-    }
+    count_begin(app, placed)
+    return placed.answer(version, upload=requests)
 
 
 async def pending_of(app: web.Application, namespace: str, version: str) -> Pending:
@@ -431,25 +474,8 @@ async def commit(
 ) -> dict[str, Any]:
     """Make a version readable, once the bucket really holds what was declared."""
     store = app[STORE]
-    found = await store.get(pending_key(version))
-    if found is None:
-        raise problem(
-            404,
-            f"no write {version!r} is waiting for its commit: it expired, was committed "
-            "already, or never began; begin again",
-        )
-    pending = Pending.load(found.value)
-    if pending.namespace != namespace:
-        raise problem(403, f"write {version!r} began in another namespace")
-    logs.known(organization=pending.organization, location=pending.location)
-    metadata = pending.metadata
-    if body.metadata is not None:
-        metadata = check_metadata({**(metadata or {}), **body.metadata})
-    tag = pending.tag if body.tag is None else check_tag(body.tag)
-    location = app[VIEW].locations.get(pending.location)
-    if location is None:
-        raise problem(409, f"location {pending.location!r} is gone; begin again")
-    opened = await bucket_for(app, location)
+    c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=False)
+    found, pending, metadata, tag, location, opened = c
     bucket = opened.bucket
     if pending.upload_id is not None:
         if why := etags_problem(pending.parts, body.etags):
@@ -465,38 +491,10 @@ async def commit(
         Declared(pending.size, body.md5 or pending.md5, pending.crc32),
         None if stat is None else Held(stat.size, stat.md5, stat.crc32),
     )
-    record = Version(
-        organization=pending.organization,
-        artifact=pending.artifact,
-        version=version,
-        location=pending.location,
-        key=pending.key,
-        size=held.size,
-        md5=held.md5 or pending.md5,
-        rule=pending.rule,
-        cloud=pending.cloud,
-        region=pending.region,
-        source=pending.source,
-        committed=time.time(),
-        metadata=metadata,
-    )
+    record = version_of(pending, held.size, held.md5 or pending.md5, metadata)
     succeeded = await make_version(store, pending, found.mod_revision, record, tag, namespace)
     if succeeded:  # only the commit that made the version counts it (not replays)
-        app[COUNTS].committed(location.name)
-        app[USAGE].add(
-            pending.organization,
-            "write",
-            {
-                "cloud": pending.cloud,
-                "region": pending.region,
-                "source": pending.source,
-                "rule": pending.rule,
-                **location_dims(location),
-            },
-            versions=1,
-            bytes=held.size,
-        )
-        app[RETENTION].committed(pending.organization, pending.artifact)
+        count_write(app, pending, location, held.size)
     return {
         "version": version,
         "location": location.name,
@@ -504,6 +502,104 @@ async def commit(
         "md5": record.md5,
         "tag": tag,
     }
+
+
+class Committing(NamedTuple):
+    """What a commit works from: the pending write (and its key, whose revision guards
+    the commit), the metadata and tag it commits with, and its location's bucket."""
+
+    found: KeyValue
+    pending: Pending
+    metadata: dict[str, Any] | None
+    tag: str | None
+    location: Location
+    opened: OpenBucket
+
+
+async def to_commit(
+    app: web.Application,
+    namespace: str,
+    version: str,
+    metadata: dict[str, Any] | None,
+    tag: str | None,
+    *,
+    directory: bool,
+) -> Committing:
+    """The pending write a commit of ``version`` makes a version of (404: none; 403:
+    another namespace's; 409: a directory's at the file's commit, or the reverse), the
+    commit's ``metadata`` merged over begin's and its ``tag`` over begin's, checked."""
+    found = await app[STORE].get(pending_key(version))
+    if found is None:
+        raise problem(
+            404,
+            f"no write {version!r} is waiting for its commit: it expired, was committed "
+            "already, or never began; begin again",
+        )
+    pending = Pending.load(found.value)
+    if pending.namespace != namespace:
+        raise problem(403, f"write {version!r} began in another namespace")
+    logs.known(organization=pending.organization, location=pending.location)
+    if directory and pending.manifest is None:
+        raise problem(
+            409, f"write {version!r} is one file: commit it at /v1/writes/{version}/commit"
+        )
+    if not directory and pending.manifest is not None:
+        raise problem(
+            409, f"write {version!r} is a directory: commit it at /v1/directories/{version}/commit"
+        )
+    merged = pending.metadata
+    if metadata is not None:
+        merged = check_metadata({**(merged or {}), **metadata})
+    tag = pending.tag if tag is None else check_tag(tag)
+    location = app[VIEW].locations.get(pending.location)
+    if location is None:
+        raise problem(409, f"location {pending.location!r} is gone; begin again")
+    return Committing(found, pending, merged, tag, location, await bucket_for(app, location))
+
+
+def version_of(
+    pending: Pending,
+    size: int,
+    md5: str | None,
+    metadata: dict[str, Any] | None,
+    files: int | None = None,
+) -> Version:
+    """The record of the version ``pending`` becomes, committed now."""
+    return Version(
+        organization=pending.organization,
+        artifact=pending.artifact,
+        version=pending.version,
+        location=pending.location,
+        key=pending.key,
+        size=size,
+        md5=md5,
+        rule=pending.rule,
+        cloud=pending.cloud,
+        region=pending.region,
+        source=pending.source,
+        committed=time.time(),
+        metadata=metadata,
+        files=files,
+    )
+
+
+def count_write(app: web.Application, pending: Pending, location: Location, size: int) -> None:
+    """A committed version in the counters: the location's, and the usage page's."""
+    app[COUNTS].committed(location.name)
+    app[RETENTION].committed(pending.organization, pending.artifact)
+    app[USAGE].add(
+        pending.organization,
+        "write",
+        {
+            "cloud": pending.cloud,
+            "region": pending.region,
+            "source": pending.source,
+            "rule": pending.rule,
+            **location_dims(location),
+        },
+        versions=1,
+        bytes=size,
+    )
 
 
 COMMIT_ATTEMPTS = 20
@@ -516,13 +612,15 @@ async def make_version(
     record: Version,
     tag: str | None,
     namespace: str,
+    extra: Sequence[Put] = (),
 ) -> bool:
     """One transaction turns the pending write into the version: its record, its index
     key (the artifact's next commit sequence number, newest first), the artifact's record
     (its count and latest) and the tag given at write time. The artifact's record is
     guarded by its revision, so commits of one artifact take sequence numbers one at a
     time; one that loses to another commit of the artifact takes the next number. False
-    when another commit of this very write made the version first (a replay)."""
+    when another commit of this very write made the version first (a replay). ``extra``:
+    more keys the version comes with (a directory's manifest)."""
     org, artifact, version = pending.organization, pending.artifact, pending.version
     akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
     for _ in range(COMMIT_ATTEMPTS):
@@ -540,6 +638,7 @@ async def make_version(
             Put(vkey, dumped),
             Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), dumped),
             Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+            *extra,
         ]
         if tag is not None:
             moved = Tag(version, record.committed, namespace)
@@ -575,23 +674,18 @@ async def read(
     location = app[VIEW].locations.get(record.location)
     if location is None:
         raise problem(503, f"location {record.location!r} is not known to the service yet")
+    how_far = locality(reader, location.cloud, location.region)
+    if record.files is not None:  # a directory: its files are read one by one, or all
+        return {
+            **located(record, location, str(how_far), ref, tag),
+            "download": None,
+            "files": record.files,
+        }
     opened = await bucket_for(app, location)
     download = await opened.sign(
         location.name, lambda: opened.bucket.presign_get(record.key, expires=DOWNLOAD_EXPIRES)
     )
-    how_far = locality(reader, location.cloud, location.region)
-    app[USAGE].add(
-        org.name,
-        "read",
-        {
-            **reader.as_json(),
-            "locality": str(how_far),
-            **location_dims(location),
-            **{"writerCloud": record.cloud, "writerRegion": record.region},
-        },
-        reads=1,
-        bytes=record.size,
-    )
+    count_read(app, org.name, reader, str(how_far), location, record, record.size)
     return {
         "version": version,
         "location": location.name,
@@ -606,3 +700,46 @@ async def read(
         "committed": record.committed,
         "metadata": record.metadata or {},
     }
+
+
+def located(
+    record: Version, location: Location, how_far: str, ref: str, tag: str | None
+) -> dict[str, Any]:
+    """What every read answer says of the version it read and where it lives."""
+    return {
+        "version": record.version,
+        "location": location.name,
+        "cloud": location.cloud,
+        "region": location.region,
+        "locality": how_far,
+        "size": record.size,
+        "md5": record.md5,
+        "requested": ref,
+        "tag": tag,
+        "committed": record.committed,
+        "metadata": record.metadata or {},
+    }
+
+
+def count_read(
+    app: web.Application,
+    organization: str,
+    reader: Place,
+    how_far: str,
+    location: Location,
+    record: Version,
+    size: int,
+) -> None:
+    """A read of ``size`` bytes of ``record`` in the usage counters."""
+    app[USAGE].add(
+        organization,
+        "read",
+        {
+            **reader.as_json(),
+            "locality": how_far,
+            **location_dims(location),
+            **{"writerCloud": record.cloud, "writerRegion": record.region},
+        },
+        reads=1,
+        bytes=size,
+    )

@@ -1,0 +1,401 @@
+"""Directory versions from a pod: a local directory written as one version (its files
+hashed and uploaded in parallel to the one location the service chose, then one commit),
+and read back whole (to a directory, whole or not at all) or file by file.
+
+Everything the service would refuse is refused here first, before anything is sent: a
+directory with no files, a symlink that leaves the directory, a path the rules of
+``o41.core.directories`` do not take, too many files. Paths the service answers with are
+checked again before a file is written, so a read never writes outside its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.parse
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from o41.client.artifacts import (
+    BLOCK,
+    MAX_BEGINS,
+    ArtifactError,
+    Artifacts,
+    Progress,
+    RangeReader,
+    Read,
+    ServiceError,
+    UploadFailed,
+    _Body,
+    _failed_location,
+    _Pool,
+    _Source,
+    log,
+)
+from o41.core.directories import (
+    MAX_FILES,
+    DirectoryRefused,
+    FileEntry,
+    check_manifest,
+    path_problem,
+)
+
+#: Files uploaded (and downloaded) at once: small files cost a round trip each, so more
+#: of them are in flight than parts of one large file.
+PARALLEL_FILES = 16
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    path: str  # relative, '/' between names
+    source: Path  # where the bytes are (a symlink inside the directory: its target's)
+    size: int
+
+
+@dataclass(frozen=True)
+class DirectoryWritten:
+    version: str
+    location: str
+    rule: str
+    warning: str | None
+    size: int
+    files: int
+    tag: str | None = None
+
+
+def _q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def scan(root: str | os.PathLike[str]) -> list[LocalFile]:
+    """Every file under ``root``, by relative path. A symlink is followed when its target
+    is inside ``root`` (a file: its bytes under the link's path; a folder: walked, once
+    per chain, never in a loop); one that leaves ``root``, dangles, or names something
+    that is neither a file nor a folder is refused, as is an empty directory. Empty
+    folders are not kept (a version holds files)."""
+    top = Path(root)
+    if not top.is_dir():
+        raise ArtifactError(f"{top} is not a directory")
+    real_top = os.path.realpath(top)
+    found: list[LocalFile] = []
+
+    def walk(folder: str, prefix: str, chain: frozenset[str]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            raise ArtifactError(f"cannot list {folder}: {e.strerror}") from None
+        for entry in entries:
+            rel = prefix + entry.name
+            if why := path_problem(rel):
+                raise ArtifactError(f"{why}; rename it, then write again")
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not _inside(target, real_top):
+                    raise ArtifactError(
+                        f"{rel} is a symlink to {target}, outside {top}: a directory version "
+                        "holds only what is inside it; copy the file in, or remove the link"
+                    )
+                if os.path.isdir(target):
+                    if target in chain:
+                        raise ArtifactError(f"{rel} is a symlink loop (to {target})")
+                    walk(target, rel + "/", chain | {target})
+                elif os.path.isfile(target):
+                    found.append(LocalFile(rel, Path(target), os.stat(target).st_size))
+                else:
+                    raise ArtifactError(f"{rel} is a symlink to nothing readable ({target})")
+            elif entry.is_dir(follow_symlinks=False):
+                real = os.path.realpath(entry.path)
+                walk(entry.path, rel + "/", chain | {real})
+            elif entry.is_file(follow_symlinks=False):
+                found.append(LocalFile(rel, Path(entry.path), entry.stat().st_size))
+            else:
+                raise ArtifactError(
+                    f"{rel} is neither a file nor a folder (a socket, FIFO or device)"
+                )
+            if len(found) > MAX_FILES:
+                raise ArtifactError(
+                    f"{top} has more than {MAX_FILES} files, the most a directory version "
+                    "holds: pack small files together (a tar, shards)"
+                )
+
+    walk(str(top), "", frozenset({real_top}))
+    if not found:
+        raise ArtifactError(f"{top} has no files: a directory version holds files")
+    return found
+
+
+def md5_of(path: Path) -> str:
+    digest = hashlib.md5()  # noqa: S324 - integrity, as the bucket's ETag
+    with path.open("rb") as f:
+        while block := f.read(BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest(files: list[LocalFile]) -> list[FileEntry]:
+    """The files' manifest (MD5s hashed in parallel), checked as the service checks it."""
+    try:  # the rules first, before hashing a byte
+        check_manifest(FileEntry(f.path, f.size, "0" * 32) for f in files)
+    except DirectoryRefused as e:
+        raise ArtifactError(str(e)) from None
+    with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as pool:
+        md5s = list(pool.map(lambda f: md5_of(f.source), files))
+    return check_manifest(FileEntry(f.path, f.size, m) for f, m in zip(files, md5s, strict=True))
+
+
+def write_dir(
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    root: str | os.PathLike[str],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    tag: str | None = None,
+) -> DirectoryWritten:
+    """Write the directory ``root`` as one version: begin (one location for all its
+    files), upload every file in parallel, commit. When the bucket fails, begin again
+    with that location excluded, as a file's write does."""
+    files = {f.path: f for f in scan(root)}
+    entries = manifest(list(files.values()))
+    size = sum(e.size for e in entries)
+    request: dict[str, Any] = {
+        "organization": organization,
+        "artifact": artifact,
+        "place": api.place.as_json(),
+        "files": [{"path": e.path, "size": e.size, "md5": e.md5} for e in entries],
+    }
+    if metadata is not None:
+        request["metadata"] = dict(metadata)
+    if tag is not None:
+        request["tag"] = tag
+    exclude: list[str] = []
+    for _ in range(MAX_BEGINS):
+        try:
+            began = api.call("POST", "/v1/directories", {**request, "exclude": exclude})
+        except ServiceError as e:
+            failed = _failed_location(e)
+            if failed is None or failed in exclude:
+                raise
+            log.warning("%s; beginning again without location %s", e, failed)
+            exclude.append(failed)
+            continue
+        if began.get("warning"):
+            log.warning("%s", began["warning"])
+        try:
+            _upload(api, files, began["files"], size, began["location"])
+        except UploadFailed as e:
+            log.warning("%s; beginning again without location %s", e, began["location"])
+            exclude.append(began["location"])
+            continue
+        done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {})
+        return DirectoryWritten(
+            began["version"],
+            began["location"],
+            began["rule"],
+            began.get("warning"),
+            size,
+            len(entries),
+            done.get("tag"),
+        )
+    raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
+
+
+def _upload(
+    api: Artifacts,
+    files: Mapping[str, LocalFile],
+    uploads: list[Mapping[str, Any]],
+    size: int,
+    location: str,
+) -> None:
+    progress = Progress(size, f"upload to {location}")
+    pool = _Pool(api.timeout)
+
+    def one(req: Mapping[str, Any]) -> None:
+        local = files.get(req["path"])
+        if local is None:
+            raise ArtifactError(f"the service signed an upload of {req['path']!r}, not asked for")
+        source = _Source(path=local.source)
+
+        def body() -> _Body:
+            return source.slice(0, local.size, progress)
+
+        api._put(pool, req, body, local.size, location)
+
+    try:
+        with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
+            list(threads.map(one, uploads))
+    finally:
+        pool.close()
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def _base(organization: str, artifact: str, ref: str) -> str:
+    return f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/versions/{_q(ref)}"
+
+
+def _place_query(api: Artifacts) -> str:
+    return urllib.parse.urlencode({k: v for k, v in api.place.as_json().items() if v is not None})
+
+
+def listing(
+    api: Artifacts, organization: str, artifact: str, ref: str, *, download: bool = False
+) -> dict[str, Any]:
+    """A directory version's files (path, size, MD5), sorted by path; with ``download``
+    a signed download of each."""
+    query = _place_query(api) + ("&download=true" if download else "")
+    found: dict[str, Any] = api.call("GET", f"{_base(organization, artifact, ref)}/files?{query}")
+    return found
+
+
+def locate_file(
+    api: Artifacts, organization: str, artifact: str, ref: str, path: str
+) -> dict[str, Any]:
+    """One file of a directory version: where it lives, its size and MD5, a download."""
+    if why := path_problem(path):
+        raise ArtifactError(why)
+    quoted = urllib.parse.quote(path, safe="/")
+    found: dict[str, Any] = api.call(
+        "GET", f"{_base(organization, artifact, ref)}/files/{quoted}?{_place_query(api)}"
+    )
+    return found
+
+
+def _fetch(
+    pool: _Pool,
+    req: Mapping[str, Any],
+    dest: Path,
+    size: int,
+    md5: str,
+    location: str,
+    progress: Callable[[int], None],
+) -> None:
+    """One file in one GET to ``dest``, checked against its size and MD5."""
+    digest = hashlib.md5()  # noqa: S324 - integrity
+    got = 0
+    try:
+        resp = pool.request(req["method"], req["url"], req["headers"])
+        if resp.status != 200:
+            resp.read()
+            raise ArtifactError(f"location {location} answered HTTP {resp.status} to a download")
+        with dest.open("wb") as out:
+            while block := resp.read(BLOCK):
+                out.write(block)
+                digest.update(block)
+                got += len(block)
+                progress(len(block))
+    except OSError as e:
+        pool.forget(req["url"])
+        raise ArtifactError(f"download from {location} failed: {e}; read it again") from None
+    if got != size or digest.hexdigest() != md5:
+        raise ArtifactError(
+            f"the download of {dest.name} is damaged ({got} of {size} bytes, or a bad "
+            "checksum): read it again"
+        )
+
+
+def read_dir(
+    api: Artifacts, organization: str, artifact: str, ref: str, output: str | os.PathLike[str]
+) -> tuple[Read, int]:
+    """A directory version to the directory ``output`` (new, or empty), whole or not at
+    all: its files come in parallel into a partial directory beside it, renamed into place
+    once every file is down and checked. Returns the read and the number of files."""
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ArtifactError(f"{out} exists and is not an empty directory: read to a new path")
+    found = listing(api, organization, artifact, ref, download=True)
+    for f in found["files"]:  # what the service names is checked like what is sent
+        if why := path_problem(f["path"]):
+            raise ArtifactError(f"the service answered a bad path: {why}")
+    partial = out.with_name(out.name + ".o41-partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    progress = Progress(found["size"], f"download from {found['location']}")
+    pool = _Pool(api.timeout)
+
+    def one(f: Mapping[str, Any]) -> None:
+        dest = partial.joinpath(*f["path"].split("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _fetch(pool, f["download"], dest, f["size"], f["md5"], found["location"], progress)
+
+    try:
+        partial.mkdir(parents=True)
+        with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
+            list(threads.map(one, found["files"]))
+        if out.exists():
+            out.rmdir()
+        partial.rename(out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        pool.close()
+    read = Read(
+        found["version"], found["location"], found["locality"], found["size"], found.get("tag")
+    )
+    return read, len(found["files"])
+
+
+def read_file(
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    ref: str,
+    path: str,
+    output: str | os.PathLike[str],
+) -> Read:
+    """One file of a directory version to ``output``, whole or not at all."""
+    found = locate_file(api, organization, artifact, ref, path)
+    out = Path(output)
+    partial = out.with_name(out.name + ".o41-partial")
+    pool = _Pool(api.timeout)
+    try:
+        progress = Progress(found["size"], f"download from {found['location']}")
+        _fetch(
+            pool,
+            found["download"],
+            partial,
+            found["size"],
+            found["md5"],
+            found["location"],
+            progress,
+        )
+        partial.replace(out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        pool.close()
+    return Read(
+        found["version"], found["location"], found["locality"], found["size"], found.get("tag")
+    )
+
+
+def open_file(
+    api: Artifacts, organization: str, artifact: str, ref: str, path: str
+) -> tuple[RangeReader, dict[str, Any]]:
+    """One file of a directory version as a raw seekable stream (ranged GETs)."""
+    found = locate_file(api, organization, artifact, ref, path)
+    return RangeReader(found, api.timeout), found
+
+
+def read_any(
+    api: Artifacts, organization: str, artifact: str, ref: str, output: str | os.PathLike[str]
+) -> tuple[Read, int | None]:
+    """A version to ``output``: a file version to a file, a directory version to a
+    directory. ``ref`` is resolved first (no download is signed for that), then read by
+    its id, so both steps read the same version. The number of files of a directory."""
+    named = api.resolve(organization, artifact, ref)
+    if named.get("files") is not None:
+        read, count = read_dir(api, organization, artifact, named["version"], output)
+        return Read(read.version, read.location, read.locality, read.size, named.get("tag")), count
+    r = api.read(organization, artifact, named["version"], Path(output))
+    return Read(r.version, r.location, r.locality, r.size, named.get("tag")), None

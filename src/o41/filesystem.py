@@ -1,0 +1,389 @@
+"""Artifact versions as an fsspec filesystem: ``o41://ORG/ARTIFACT@VERSION/PATH``.
+
+Anything that reads through fsspec (pandas, pyarrow, Hugging Face ``datasets``, a file
+object handed to ``torch.load``) reads a version where it lives, without a copy: each read
+is a ranged GET on the download URL the service signs (the same answers ``o41 read``
+uses), so pyarrow reads a Parquet file's footer and then only the columns it wants.
+
+- ``VERSION`` is a version id, ``latest`` or a tag; left out (``o41://ORG/ARTIFACT``) it
+  is ``latest``. It is resolved on the service at each ``info``/``open``/``ls``; a
+  directory's manifest is kept per version id (a version never changes).
+- ``PATH`` names a file (or a folder) of a directory version; a file version is the path
+  ``ORG/ARTIFACT@VERSION`` itself.
+- ``o41://ORG`` lists the organization's artifacts.
+- Writing: ``open("o41://ORG/ARTIFACT", "wb")`` (or ``ORG/ARTIFACT@TAG``: the tag moves to
+  it) spools what is written to a temporary file and writes it as a new single-file
+  version when the file is closed (``.written`` is the result then). Nothing is written
+  if the ``with`` block raises.
+
+Registered for fsspec by the entry point ``fsspec.specs: o41`` (pyproject.toml), so
+``fsspec.open("o41://...")`` and ``pandas.read_parquet("o41://...")`` find it. The
+connection comes from the environment as for the SDK (``$O41_ARTIFACTS_ENDPOINT``, the
+pod's token, the place detected once), or from ``endpoint=``, ``token_file=`` and
+``place=`` (storage options).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.caching import ReadAheadCache
+from fsspec.spec import AbstractBufferedFile
+
+from o41.client.artifacts import ArtifactError, Artifacts, NotFound, Written, _Pool
+from o41.client.directories import listing, locate_file
+from o41.core.directories import FileEntry, children, entries_of, find, is_folder
+from o41.core.places import Place
+from o41.core.versions import LATEST, is_version
+
+__all__ = ["O41File", "O41FileSystem", "O41Writer", "parse"]
+
+_ARTIFACT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+#: A download URL lasts 15 minutes; one older than this is signed again before a read.
+RESIGN_AFTER = 600.0
+MANIFESTS_KEPT = 32
+#: The least a GET fetches: a file object read in small pieces (torch.load, a tar) costs
+#: one GET a MiB; a read of more (a Parquet column chunk) is fetched as asked, no more.
+BLOCK_SIZE = 1024 * 1024
+
+
+def parse(path: str) -> tuple[str, str | None, str, str]:
+    """``ORG[/ARTIFACT[@VERSION][/PATH]]`` (the protocol already stripped) as
+    (organization, artifact or None, version reference, path inside or "")."""
+    parts = path.strip("/").split("/", 2)
+    org = parts[0]
+    if not org:
+        raise ValueError("an o41 path starts with the organization: o41://ORG/ARTIFACT@VERSION")
+    if len(parts) == 1:
+        return org, None, LATEST, ""
+    artifact, _, ref = parts[1].partition("@")
+    if _ARTIFACT.fullmatch(artifact) is None:
+        raise ValueError(f"{artifact[:80]!r} is not an artifact name (o41://ORG/ARTIFACT@VERSION)")
+    inner = parts[2] if len(parts) == 3 else ""
+    return org, artifact, ref or LATEST, inner
+
+
+class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
+    """``o41://ORG/ARTIFACT@VERSION/PATH``: read-only but for writing new versions."""
+
+    protocol = ("o41",)
+    root_marker = ""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token_file: str | None = None,
+        place: Place | Mapping[str, Any] | None = None,
+        timeout: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if isinstance(place, Mapping):
+            place = Place(place.get("cloud"), place.get("region"), place.get("source", "none"))
+        self.api = Artifacts(endpoint, token_file, place=place, timeout=timeout)
+        self._manifests: OrderedDict[tuple[str, str, str], list[FileEntry]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # --- what a path names -------------------------------------------------------------
+
+    def _version(self, org: str, artifact: str, ref: str) -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = self.api.resolve(org, artifact, ref)
+        except NotFound as e:
+            raise FileNotFoundError(str(e)) from None
+        return found
+
+    def _manifest(self, org: str, artifact: str, version: str) -> list[FileEntry]:
+        key = (org, artifact, version)
+        with self._lock:
+            if key in self._manifests:
+                self._manifests.move_to_end(key)
+                return self._manifests[key]
+        entries = entries_of(listing(self.api, org, artifact, version)["files"])
+        with self._lock:
+            self._manifests[key] = entries
+            while len(self._manifests) > MANIFESTS_KEPT:
+                self._manifests.popitem(last=False)
+        return entries
+
+    def _name(self, org: str, artifact: str, ref: str, inner: str = "") -> str:
+        name = f"{org}/{artifact}@{ref}"
+        return f"{name}/{inner}" if inner else name
+
+    def _file_info(
+        self, name: str, found: Mapping[str, Any], size: int, md5: str | None
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "size": size,
+            "type": "file",
+            "version": found["version"],
+            "md5": md5,
+            "committed": found["committed"],
+        }
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        org, artifact, ref, inner = parse(self._strip_protocol(path))
+        if artifact is None:
+            return {"name": org, "size": 0, "type": "directory"}
+        found = self._version(org, artifact, ref)
+        name = self._name(org, artifact, ref, inner)
+        if found.get("files") is None:  # a file version: the path is the file
+            if inner:
+                raise FileNotFoundError(f"{path}: version {found['version']} is one file")
+            return self._file_info(name, found, found["size"], found.get("md5"))
+        entries = self._manifest(org, artifact, found["version"])
+        entry = find(entries, inner) if inner else None
+        if entry is not None:
+            return self._file_info(name, found, entry.size, entry.md5)
+        if is_folder(entries, inner):
+            return {"name": name, "size": 0, "type": "directory", "version": found["version"]}
+        raise FileNotFoundError(f"{path}: no such file in version {found['version']}")
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        org, artifact, ref, inner = parse(self._strip_protocol(path))
+        if artifact is None:
+            names: list[dict[str, Any]] = []
+            cursor: str | None = None
+            while True:
+                page = self.api.artifacts_page(org, cursor, 1000)
+                names += [
+                    {"name": f"{org}/{a['artifact']}", "size": 0, "type": "directory"}
+                    for a in page["artifacts"]
+                ]
+                cursor = page.get("next")
+                if cursor is None:
+                    break
+            return names if detail else [n["name"] for n in names]
+        found = self._version(org, artifact, ref)
+        if found.get("files") is None:
+            got = [self.info(path)]
+        else:
+            entries = self._manifest(org, artifact, found["version"])
+            if inner and find(entries, inner) is not None:
+                got = [self.info(path)]
+            elif not is_folder(entries, inner):
+                raise FileNotFoundError(f"{path}: no such folder in version {found['version']}")
+            else:
+                files, folders = children(entries, inner)
+                got = [
+                    {
+                        "name": self._name(org, artifact, ref, f),
+                        "size": 0,
+                        "type": "directory",
+                        "version": found["version"],
+                    }
+                    for f in folders
+                ] + [
+                    self._file_info(self._name(org, artifact, ref, e.path), found, e.size, e.md5)
+                    for e in files
+                ]
+        return got if detail else [g["name"] for g in got]
+
+    def ukey(self, path: str) -> str:
+        info = self.info(path)
+        return f"{info.get('version')}:{info['name']}:{info.get('md5')}"
+
+    # --- reading and writing -----------------------------------------------------------
+
+    def locate(self, path: str) -> dict[str, Any]:
+        """The read answer of a file path: its size, MD5 and a signed download."""
+        org, artifact, ref, inner = parse(self._strip_protocol(path))
+        if artifact is None:
+            raise IsADirectoryError(f"{path} is an organization")
+        try:
+            if inner:
+                return locate_file(self.api, org, artifact, ref, inner)
+            found = self.api.locate(org, artifact, ref)
+        except NotFound as e:
+            raise FileNotFoundError(str(e)) from None
+        if found.get("download") is None:
+            raise IsADirectoryError(
+                f"{path} is a directory version of {found.get('files')} files: open one of them"
+            )
+        return found
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if "r" in mode:
+            found = self.locate(path)
+            pinned = self._name(*self._pinned(path, found["version"]))
+            return O41File(
+                self,
+                pinned,
+                found,
+                mode=mode,
+                block_size=block_size or BLOCK_SIZE,
+                cache_options=cache_options,
+                **kwargs,
+            )
+        if mode not in ("wb", "xb"):
+            raise ValueError(f"o41 opens files to read ('rb') or to write ('wb'), not {mode!r}")
+        org, artifact, ref, inner = parse(self._strip_protocol(path))
+        if artifact is None or inner or is_version(ref):
+            raise ValueError(
+                f"{path}: write to o41://ORG/ARTIFACT (a new version) or o41://ORG/ARTIFACT@TAG "
+                "(a new version the tag moves to); a version is never written twice"
+            )
+        tag = None if ref == LATEST else ref
+        return O41Writer(self.api, org, artifact, tag)
+
+    def _pinned(self, path: str, version: str) -> tuple[str, str, str, str]:
+        """The path with its reference replaced by the version it named."""
+        org, artifact, _, inner = parse(self._strip_protocol(path))
+        assert artifact is not None
+        return org, artifact, version, inner
+
+    def cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        with self.open(path, "rb") as f:
+            size = f.size
+            begin = 0 if start is None else (start if start >= 0 else max(0, size + start))
+            stop = size if end is None else (end if end >= 0 else max(0, size + end))
+            f.seek(begin)
+            data: bytes = f.read(max(0, stop - begin))
+            return data
+
+    def rm(self, path: str, recursive: bool = False, maxdepth: int | None = None) -> None:
+        raise PermissionError("versions are never deleted through the filesystem")
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        pass  # folders exist by the files in them; a write makes its own version
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        pass
+
+
+class AtLeastABlock(ReadAheadCache):  # type: ignore[misc]
+    """fsspec's read-ahead cache, but a read fetches *at least* a block, not a block past
+    what it asked: small reads are served a block at a time, large ones cost no more
+    than their bytes (the read-ahead cache would fetch a block past each column chunk a
+    Parquet reader asks for, twice the bytes for chunks of about a block)."""
+
+    name = "o41-at-least-a-block"
+    cache: bytes
+    start: int
+    end: int
+
+    def _fetch(self, start: int | None, end: int | None) -> bytes:
+        start = start or 0
+        end = self.size if end is None or end > self.size else end
+        if start >= self.size or start >= end:
+            return b""
+        if self.start <= start and end <= self.end:
+            self.hit_count += 1
+            data: bytes = self.cache[start - self.start : end - self.start]
+            return data
+        self.miss_count += 1
+        upto = min(self.size, max(end, start + self.blocksize))
+        self.total_requested_bytes += upto - start
+        self.cache = self.fetcher(start, upto)
+        self.start, self.end = start, start + len(self.cache)
+        return bytes(self.cache[: end - start])
+
+
+class O41File(AbstractBufferedFile):  # type: ignore[misc]
+    """One file of a version, read by ranged GETs on its signed download (signed again
+    when it is older than :data:`RESIGN_AFTER`)."""
+
+    def __init__(self, fs: O41FileSystem, path: str, found: Mapping[str, Any], **kwargs: Any):
+        self.found = dict(found)
+        self._signed_at = time.monotonic()
+        self._pool = _Pool(fs.api.timeout)
+        self.version: str = found["version"]
+        super().__init__(fs, path, size=found["size"], **kwargs)
+        if kwargs.get("cache_type") is None:  # the caller's choice, if any, stays
+            self.cache = AtLeastABlock(self.blocksize, self._fetch_range, self.size)
+
+    def _download(self) -> Mapping[str, Any]:
+        if time.monotonic() - self._signed_at > RESIGN_AFTER:
+            self.found = self.fs.locate(self.path)
+            self._signed_at = time.monotonic()
+        download: Mapping[str, Any] = self.found["download"]
+        return download
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        end = min(end, self.size)
+        if start >= end:
+            return b""
+        req = self._download()
+        headers = {**req["headers"], "Range": f"bytes={start}-{end - 1}"}
+        try:
+            resp = self._pool.request(req["method"], req["url"], headers)
+            data = resp.read()
+        except OSError as e:
+            self._pool.forget(req["url"])
+            raise ArtifactError(f"read from {self.found['location']} failed: {e}") from None
+        if resp.status == 200:  # a store that ignores ranges: the whole object
+            data = data[start:end]
+        elif resp.status != 206:
+            raise ArtifactError(
+                f"location {self.found['location']} answered HTTP {resp.status} to a read of "
+                f"{self.path}"
+            )
+        if len(data) != end - start:
+            raise ArtifactError(
+                f"read of {self.path} got {len(data)} bytes of {end - start}: read it again"
+            )
+        return bytes(data)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._pool.close()
+
+
+class O41Writer(io.RawIOBase):
+    """What is written, spooled to a temporary file and written as a new version on
+    :meth:`close`; ``written`` is that version then."""
+
+    def __init__(self, api: Artifacts, organization: str, artifact: str, tag: str | None):
+        super().__init__()
+        self._api, self._org, self._artifact, self._tag = api, organization, artifact, tag
+        # open until close() writes the version (a context manager cannot span it)
+        self._spool = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="o41-", suffix=".spool", delete=False
+        )
+        self.written: Written | None = None
+        self._failed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return self._spool.write(data)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._failed = exc[0] is not None
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._spool.close()
+            if not self._failed:
+                self.written = self._api.write(
+                    self._org, self._artifact, self._spool.name, tag=self._tag
+                )
+        finally:
+            os.unlink(self._spool.name)
+            super().close()
