@@ -210,8 +210,7 @@ async def begin_directory(
         "artifact": artifact,
         "place": PLACE,
         "files": [
-            {"path": p, "size": len(d), "md5": hashlib.md5(d).hexdigest()}
-            for p, d in files.items()
+            {"path": p, "size": len(d), "md5": hashlib.md5(d).hexdigest()} for p, d in files.items()
         ],
     }
     status, began = await service.api("POST", "/v1/directories", body)
