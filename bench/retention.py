@@ -10,7 +10,12 @@ next to their ceilings, same run.
   sequence number, no index key); one ``backfill`` indexes them all. The ceiling: the
   same scan of the records and one put per index key, unguarded.
 
-    .venv/bin/python bench/retention.py [--versions 300] [--legacy 5000]
+- **A directory version**: ``--files`` small files under one version's prefix (objects in
+  versitygw, its record with ``files``, its manifest and index key in etcd), the oldest of
+  ``KEEP + 1``; one pass deletes its files and records. The ceiling: the same listing and
+  deletes (16 at a time, as the pass does) and one etcd transaction for its three keys.
+
+    .venv/bin/python bench/retention.py [--versions 300] [--legacy 5000] [--files 1000]
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from o41.webhook.records import (  # noqa: E402
     ArtifactRecord,
     artifact_key,
     index_prefix,
+    manifest_key,
     version_key,
 )
 from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
@@ -77,6 +83,35 @@ def record(artifact: str, i: int, seq: int) -> tuple[str, bytes]:
     return version, json.dumps(body, separators=(",", ":")).encode()
 
 
+async def directories(store: Store, bucket: Any, artifact: str, files: int) -> list[str]:
+    """``KEEP + 1`` directory versions as commits leave them, the oldest of ``files``
+    files, the others of one: objects, record (``files``), manifest, index key."""
+    versions = []
+    for i in range(KEEP + 1):
+        version, body = record(artifact, i, i + 1)
+        count = files if i == 0 else 1
+        rows = [[f"shard-{j:05d}.bin", 3, "900150983cd24fb0d6963f7d28e17f72"] for j in range(count)]
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(_put_object, bucket, f"{artifact}/{version}/{row[0]}")
+                for row in rows
+            )
+        )
+        made = json.dumps({**json.loads(body), "size": 3 * count, "files": count}).encode()
+        await store.txn(
+            [],
+            [
+                Put(version_key(ORG, artifact, version), made),
+                Put(index_prefix(ORG, artifact) + index_suffix(i + 1, version).encode(), made),
+                Put(manifest_key(ORG, artifact, version), json.dumps(rows).encode()),
+            ],
+        )
+        versions.append(version)
+    latest = ArtifactRecord(artifact, versions[-1], 0, KEEP + 1).dump()
+    await store.put(artifact_key(ORG, artifact), latest)
+    return versions
+
+
 async def committed(store: Store, bucket: Any, artifact: str, n: int) -> list[str]:
     """``n`` versions as commits leave them: object, record, index key, artifact record."""
     versions = []
@@ -109,6 +144,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=300)
     parser.add_argument("--legacy", type=int, default=5000)
+    parser.add_argument("--files", type=int, default=1000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="o41-bench-") as tmp:
         s3 = start_s3(Path(tmp) / "s3")
@@ -169,6 +205,39 @@ async def run(args: argparse.Namespace, store: EtcdStore, s3: Any) -> None:
             f"({took / deleted * 1000:.1f} ms each) | ceiling, the bare deletes (S3 "
             f"DeleteObject + one etcd txn each): {bare:.2f} s ({bare / deleted * 1000:.1f} ms "
             "each)",
+            flush=True,
+        )
+
+        f = args.files
+        dirs = await directories(store, bucket, "d", f)
+        t = time.perf_counter()
+        deleted = await app[RETENTION].apply(ORG, "d")
+        took = time.perf_counter() - t
+        assert deleted == 1, deleted
+        assert not bucket.list_under(f"d/{dirs[0]}/")
+        versions = await directories(store, bucket, "e", f)
+        t = time.perf_counter()
+        listed = await asyncio.to_thread(bucket.list_under, f"e/{versions[0]}/")
+        gate = asyncio.Semaphore(16)
+
+        async def one(key: str) -> None:
+            async with gate:
+                await asyncio.to_thread(bucket.delete, key)
+
+        await asyncio.gather(*(one(k) for k in listed))
+        await store.txn(
+            [],
+            [
+                Delete(version_key(ORG, "e", versions[0])),
+                Delete(index_prefix(ORG, "e") + index_suffix(1, versions[0]).encode()),
+                Delete(manifest_key(ORG, "e", versions[0])),
+            ],
+        )
+        bare = time.perf_counter() - t
+        print(
+            f"retention of a directory version of {f} files: one pass deleted it in "
+            f"{took:.2f} s | ceiling, the bare listing, deletes (16 at a time) and one etcd "
+            f"txn: {bare:.2f} s",
             flush=True,
         )
 

@@ -8,7 +8,6 @@ them, and those whose abort the bucket took) and what retention deleted, by loca
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 from collections.abc import AsyncIterator
@@ -19,8 +18,9 @@ import pytest
 
 from o41.core.parts import PART_SIZE
 from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
-from o41.webhook.records import version_key
+from o41.webhook.records import index_prefix, manifest_key, version_key
 from o41.webhook.view import organization_source
+from test_directories import sdk
 from test_sweeper import MiB, begin_multipart, short_leases, until
 from test_writes import ORG, Service, serve
 
@@ -109,26 +109,56 @@ async def test_retention_is_off_without_a_rule(service: Service, tmp_path: Path)
     assert service.storage.deleted == []
 
 
-async def test_a_directory_version_is_kept_whole(service: Service, tmp_path: Path) -> None:
-    """A directory version (a record with ``files``, as point 3 writes them) has many
-    objects and a manifest that this pass does not delete: it stays whole, never half."""
+async def test_a_directory_version_is_deleted_whole_unless_kept(
+    service: Service, tmp_path: Path
+) -> None:
+    """Directory versions (written by the SDK): the one no rule keeps loses every file
+    under its prefix, its version and index records and its manifest; the tagged one, the
+    newest N and ``latest`` keep all their files and stay readable."""
     assert service.app is not None
-    client = service.client("aws", "us-east-1")
-    f = tmp_path / "v"
+    client = sdk(service)
     written = []
-    for n in range(2):
-        f.write_bytes(b"d" * (n + 1))
-        written.append((await asyncio.to_thread(client.write, ORG, "ckpt", f)).version)
+    for n in range(4):
+        root = tmp_path / f"d{n}"
+        (root / "shards").mkdir(parents=True)
+        (root / "config.json").write_bytes(b"{}" * (n + 1))
+        (root / "shards" / "0.bin").write_bytes(b"s" * 100 * (n + 1))
+        tag = "best" if n == 0 else None
+        written.append((await asyncio.to_thread(client.write, ORG, "ckpt", root, tag=tag)).version)
+    tagged, gone, newest, latest = written
+    storage = service.storage
+
+    def files_of(version: str) -> list[str]:
+        prefix = f"/bucket-east/ckpt/{version}/"
+        return sorted(k.removeprefix(prefix) for k in storage.objects if k.startswith(prefix))
+
+    assert all(files_of(v) == ["config.json", "shards/0.bin"] for v in written)
+    rules(service, 2)
+    assert await service.app[RETENTION].apply(ORG, "ckpt") == 1
+    assert files_of(gone) == []
+    assert sorted(storage.deleted) == [
+        f"/bucket-east/ckpt/{gone}/config.json",
+        f"/bucket-east/ckpt/{gone}/shards/0.bin",
+    ]
     store = service.app[STORE]
-    key = version_key(ORG, "ckpt", written[0])
-    found = await store.get(key)
-    assert found is not None
-    await store.put(key, json.dumps({**json.loads(found.value), "files": 2}).encode())
-    rules(service, 1)
-    assert await service.app[RETENTION].apply(ORG, "ckpt") == 0
+    assert await store.get(version_key(ORG, "ckpt", gone)) is None
+    assert await store.get(manifest_key(ORG, "ckpt", gone)) is None
+    index = await store.range(index_prefix(ORG, "ckpt"))
+    assert len(index) == 3 and not any(gone.encode() in kv.key for kv in index)
     status, page = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions")
-    assert status == 200 and len(page["versions"]) == 2
-    assert service.storage.deleted == []
+    assert status == 200
+    assert [v["version"] for v in page["versions"]] == [latest, newest, tagged]
+    for kept in (tagged, newest, latest):
+        assert files_of(kept) == ["config.json", "shards/0.bin"]
+        assert await store.get(manifest_key(ORG, "ckpt", kept)) is not None
+        out = tmp_path / f"back-{kept}"
+        await asyncio.to_thread(client.read, ORG, "ckpt", kept, out)
+        assert (out / "shards" / "0.bin").exists()
+    status, _ = await service.api(
+        "GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions/{gone}/files"
+    )
+    assert status == 404
+    assert await service.app[RETENTION].apply(ORG, "ckpt") == 0  # a second pass: nothing
 
 
 async def test_a_rule_added_later_is_found_by_the_periodic_pass(

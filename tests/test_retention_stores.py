@@ -36,10 +36,10 @@ from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
 from o41.webhook.records import Version, index_prefix, version_key
 from o41.webhook.view import organization_source
 from test_storage import offline as offline
-from test_sweeper import until
+from test_sweeper import short_leases, until
 from test_writes import ORG, Service, location, serve, usage_of
 
-__all__ = ["offline"]
+__all__ = ["offline", "short_leases"]
 
 pytestmark = [pytest.mark.stores, pytest.mark.etcd]
 
@@ -388,3 +388,97 @@ async def test_tags_moved_while_passes_run_never_point_at_a_deleted_version(
     for version in versions:
         assert (f"ckpt-race/{version}" in objects) == (version in kept)
     print(f"\n{len(won)} tag moves won, {lost} lost to retention, {len(kept)} versions kept")
+
+
+def _directory(root: Path, n: int) -> Path:
+    (root / "shards").mkdir(parents=True)
+    (root / "config.json").write_bytes(b"{}" * (n + 1))
+    for i in range(3):
+        (root / "shards" / f"{i}.bin").write_bytes(bytes([i]) * 1000 * (n + 1))
+    return root
+
+
+async def test_a_directory_version_is_deleted_files_then_records_and_a_stop_is_finished(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Directory versions in versitygw, records in etcd: a pass that stops halfway through
+    the files of the version it lets go (a delete the bucket refused) leaves it marked (a
+    clear 404, unlisted, its manifest kept), the next pass deletes the rest of its files
+    and then its version, index and manifest records; the kept ones stay whole."""
+    from o41.storage import StorageError
+    from o41.storage.base import Reason
+    from o41.storage.s3 import S3Bucket
+    from o41.webhook.records import manifest_key
+    from test_directories import sdk
+
+    w = world
+    set_rules(w.app, [])  # off while writing
+    client = sdk(w.service)
+    versions = [
+        (
+            await asyncio.to_thread(client.write, ORG, "ckpt-d", _directory(tmp_path / f"{n}", n))
+        ).version
+        for n in range(3)
+    ]
+    gone = versions[0]
+
+    def files_of(version: str) -> set[str]:
+        prefix = f"ckpt-d/{version}/"
+        return {k.removeprefix(prefix) for k in w.objects("east") if k.startswith(prefix)}
+
+    every = {"config.json", "shards/0.bin", "shards/1.bin", "shards/2.bin"}
+    assert all(files_of(v) == every for v in versions)
+    set_rules(w.app, [{"artifacts": "ckpt-d", "keepVersions": 2}])
+
+    real_delete = S3Bucket.delete
+
+    def refusing(self: S3Bucket, key: str) -> None:
+        if key.endswith("shards/1.bin"):
+            raise StorageError(Reason.BACKEND_ERROR, "refused", retryable=True)
+        real_delete(self, key)
+
+    monkeypatch.setattr(S3Bucket, "delete", refusing)
+    assert await w.app[RETENTION].apply(ORG, "ckpt-d") == 0  # stopped halfway
+    assert files_of(gone) == {"shards/1.bin"}
+    status, answer = await w.service.api(
+        "GET", f"/v1/organizations/{ORG}/artifacts/ckpt-d/versions/{gone}/files"
+    )
+    assert status == 404 and "deleted by the retention rule" in answer["error"], answer
+    assert await w.listed("ckpt-d") == versions[:0:-1]
+    assert await w.store.get(manifest_key(ORG, "ckpt-d", gone)) is not None
+
+    monkeypatch.setattr(S3Bucket, "delete", real_delete)
+    assert await w.app[RETENTION].apply(ORG, "ckpt-d") == 1  # the next pass finishes it
+    assert files_of(gone) == set()
+    for key in (version_key(ORG, "ckpt-d", gone), manifest_key(ORG, "ckpt-d", gone)):
+        assert await w.store.get(key) is None
+    assert len(await w.store.range(index_prefix(ORG, "ckpt-d"))) == 2
+    for kept in versions[1:]:
+        assert files_of(kept) == every
+        out = tmp_path / f"back-{kept}"
+        await asyncio.to_thread(client.read, ORG, "ckpt-d", kept, out)
+        assert (out / "shards" / "2.bin").read_bytes() == b"\2" * 1000 * (versions.index(kept) + 1)
+    await w.app[USAGE].flush()
+    counted = await usage_of(w.service, "retention")
+    assert [r["counts"] for r in counted] == [{"versions": 1, "bytes": 3002}]
+
+
+@pytest.mark.usefixtures("short_leases")
+async def test_an_expired_directory_writes_files_are_gone_from_versitygw(world: World) -> None:
+    """The sweeper on etcd's watch: a directory write that uploaded two of its three files
+    and expired leaves nothing in the bucket, counted once as abandoned."""
+    from test_sweeper import DIRECTORY, begin_directory
+
+    w = world
+    began = await begin_directory(w.service, "left-d", DIRECTORY, sent=2)
+    prefix = f"left-d/{began['version']}/"
+    assert {k for k in w.objects("east") if k.startswith(prefix)} == {
+        prefix + "a.bin",
+        prefix + "b/c.bin",
+    }
+    await until(lambda: not any(k.startswith(prefix) for k in w.objects("east")), 20)
+    await w.app[USAGE].flush()
+    counted = await usage_of(w.service, "abandoned")
+    assert [r["counts"] for r in counted] == [
+        {"uploads": 1, "bytes": 3000, "aborted": 1, "abortedBytes": 3000}
+    ]

@@ -612,6 +612,29 @@ def test_delete_removes_the_object_and_is_idempotent(ready: Bucket) -> None:
     assert stat is not None and stat.size == 4
 
 
+async def test_a_directory_versions_files_are_deleted_and_only_they(ready: Bucket) -> None:
+    """What the sweeper (an expired directory write: the manifest's files the bucket
+    holds) and retention (a let-go directory version: every object under its prefix) call
+    on each backend: the objects go, a neighbouring version's prefix stays, and a repeat
+    deletes nothing more."""
+    from o41.webhook.directories import delete_files
+    from o41.webhook.writes import OpenBucket
+
+    files = {f"d/v1/{name}": os.urandom(n) for n, name in enumerate(["a", "b/c", "é f"], 1)}
+    files["d/v10/other"] = b"not under d/v1/"
+    for key, data in files.items():
+        status, _, body = send(ready.presign_put(key, expires=300, size=len(data)), data)
+        assert status in (200, 201), body[:300]
+    opened = OpenBucket(ready, signs_locally=True)
+    # the sweeper's way: the manifest's paths (one never uploaded), only those held
+    assert await delete_files(opened, "loc", "d/v1", ["a", "never-sent"]) == (1, 1)
+    assert sorted(ready.list_under("d/")) == ["d/v1/b/c", "d/v1/é f", "d/v10/other"]
+    # retention's way: everything under the prefix
+    assert await delete_files(opened, "loc", "d/v1") == (2, 5)
+    assert sorted(ready.list_under("d/")) == ["d/v10/other"]
+    assert await delete_files(opened, "loc", "d/v1") == (0, 0)
+
+
 def _chunks(kind: Kind) -> list[bytes]:
     """S3 parts must be >= 5 MiB except the last; GCS and Azure take any size, so GCS gets
     more than 32 parts to need a second level of compose."""

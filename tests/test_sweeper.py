@@ -7,9 +7,11 @@ sweep a write once. In-process, as tests/test_writes.py (the embedded store, the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -197,3 +199,97 @@ async def test_a_lease_lost_young_is_left_to_the_buckets_rule(tmp_path: Path) ->
         await until(lambda s=service: decided(s) >= 1)
         assert service.storage.aborted == []
         assert await usage_of(service, "abandoned") == []
+
+
+async def begin_directory(
+    service: Service, artifact: str, files: dict[str, bytes], sent: int
+) -> dict[str, Any]:
+    """Begin a directory write of ``files`` and upload the first ``sent`` of them."""
+    body = {
+        "organization": ORG,
+        "artifact": artifact,
+        "place": PLACE,
+        "files": [
+            {"path": p, "size": len(d), "md5": hashlib.md5(d).hexdigest()} for p, d in files.items()
+        ],
+    }
+    status, began = await service.api("POST", "/v1/directories", body)
+    assert status == 201, began
+    uploads = {u["path"]: u for u in began["files"]}
+    async with aiohttp.ClientSession() as s:
+        for path in list(files)[:sent]:
+            u = uploads[path]
+            async with s.request(u["method"], u["url"], data=files[path]) as r:
+                assert r.status == 200, await r.text()
+    return dict(began)
+
+
+DIRECTORY = {"a.bin": b"a" * 1000, "b/c.bin": b"c" * 2000, "d.bin": b"d" * 4000}
+
+
+@pytest.mark.usefixtures("short_leases")
+async def test_an_expired_directory_writes_files_are_deleted(service: Service) -> None:
+    """A directory write whose lease expires: the files it had uploaded (plain objects,
+    no bucket rule removes them) are deleted, counted once as an abandoned upload with the
+    bytes the bucket held, and the write can no longer be committed."""
+    began = await begin_directory(service, "left", DIRECTORY, sent=2)
+    prefix = f"/bucket-east/left/{began['version']}/"
+    storage = service.storage
+    assert sorted(k for k in storage.objects if k.startswith(prefix)) == [
+        prefix + "a.bin",
+        prefix + "b/c.bin",
+    ]
+    await until(lambda: decided(service) >= 1)
+    assert sorted(storage.deleted) == [prefix + "a.bin", prefix + "b/c.bin"]  # only those held
+    assert not any(k.startswith(prefix) for k in storage.objects)
+    assert service.app is not None and service.app[SWEEPER].swept == 1
+    status, _ = await service.api("POST", f"/v1/directories/{began['version']}/commit", {})
+    assert status == 404
+    records = await usage_of(service, "abandoned")
+    assert [r["counts"] for r in records] == [
+        {"uploads": 1, "bytes": 3000, "aborted": 1, "abortedBytes": 3000}
+    ]
+    assert records[0]["dims"]["location"] == "east"
+
+
+async def test_a_committed_directory_is_never_deleted(service: Service) -> None:
+    """A directory's pending deletes are always looked up (no age shortcut): the commit's
+    is found committed, and its files stay."""
+    began = await begin_directory(service, "kept", DIRECTORY, sent=len(DIRECTORY))
+    status, done = await service.api("POST", f"/v1/directories/{began['version']}/commit", {})
+    assert status == 200, done
+    await until(lambda: decided(service) >= 1)  # the commit's delete
+    assert service.storage.deleted == []
+    status, listed = await service.api(
+        "GET", f"/v1/organizations/{ORG}/artifacts/kept/versions/latest/files"
+    )
+    assert status == 200 and len(listed["files"]) == 3
+    assert await usage_of(service, "abandoned") == []
+
+
+async def test_a_directory_lease_lost_young_is_cleaned_up(tmp_path: Path) -> None:
+    """Unlike a multipart upload (which the bucket's rule aborts), a directory's files
+    have no rule behind them: a pending directory write deleted young (a lease lost in the
+    store) has its files deleted too, since no commit can follow the record's delete."""
+    store = MemoryStore()
+    async for service in serve(tmp_path, store=store):
+        began = await begin_directory(service, "young", DIRECTORY, sent=1)
+        lease = next(iter(store._leases))
+        await store.lease_revoke(lease)
+        await until(lambda s=service: decided(s) >= 1)
+        assert service.storage.deleted == [f"/bucket-east/young/{began['version']}/a.bin"]
+        status, _ = await service.api("POST", f"/v1/directories/{began['version']}/commit", {})
+        assert status == 404
+
+
+@pytest.mark.usefixtures("short_leases")
+async def test_two_replicas_delete_an_expired_directory_once(tmp_path: Path) -> None:
+    store = MemoryStore()
+    async with _two_services(tmp_path, store) as (one, two):
+        await begin_directory(one, "twice", DIRECTORY, sent=3)
+        await until(lambda: decided(one) >= 1 and decided(two) >= 1)
+        assert one.app is not None and two.app is not None
+        assert one.app[SWEEPER].swept + two.app[SWEEPER].swept == 1
+        counted = await usage_of(one, "abandoned")
+        assert sum(r["counts"]["aborted"] for r in counted) == 1
+        assert sum(r["counts"]["uploads"] for r in counted) == 1  # (each its own bucket)

@@ -211,6 +211,35 @@ async def commit(
     }
 
 
+# --- deletes (the sweeper's abandoned writes, retention's let-go versions) ---------------
+
+
+async def delete_files(
+    opened: OpenBucket, location: str, prefix: str, paths: list[str] | None = None
+) -> tuple[int, int]:
+    """Delete the objects of a directory version under ``prefix`` that the bucket holds:
+    those of ``paths`` (its manifest), or every one under the prefix (None). One listing
+    (S3, GCS and Azure list with strong consistency), then the deletes, ``PARALLEL_CHECKS``
+    at a time; each is idempotent, so a repeat after a stop finishes the rest. (objects,
+    bytes) deleted; :class:`LocationFailed` if the listing or any delete failed."""
+    bucket = opened.bucket
+    listed = await opened.call(location, lambda: bucket.list_under(prefix + "/"))
+    if paths is not None:
+        wanted = {object_key(prefix, p) for p in paths}
+        listed = {k: v for k, v in listed.items() if k in wanted}
+    gate = asyncio.Semaphore(PARALLEL_CHECKS)
+
+    async def one(key: str) -> None:
+        async with gate:
+            await opened.call(location, lambda: bucket.delete(key))
+
+    done = await asyncio.gather(*(one(k) for k in sorted(listed)), return_exceptions=True)
+    for failed in done:
+        if isinstance(failed, BaseException):
+            raise failed
+    return len(listed), sum(s.size for s in listed.values())
+
+
 # --- reads -------------------------------------------------------------------------------
 
 
@@ -314,6 +343,7 @@ __all__ = [
     "FileIn",
     "begin",
     "commit",
+    "delete_files",
     "files",
     "read_file",
 ]

@@ -13,6 +13,10 @@ A version is deleted in three steps, each safe to repeat and to stop after:
    ever point at it. If one does, the mark is taken back and the version stays.
 3. **Delete** the object in the location's bucket (idempotent: a key with no object is
    not an error), then both records in one transaction guarded by the marked revision.
+   A directory version's objects are every one under its prefix (``<artifact>/<version>/``,
+   one listing, deletes in parallel, each idempotent); its ``manifests/`` record goes in
+   that same last transaction, so a stop halfway through its files leaves the marked
+   record and the manifest, and the next pass lists and deletes what is left.
 
 A stop between the steps leaves a marked record: the read path answers it clearly (404,
 "deleted by retention") and the next pass (after a commit of the artifact, or the
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -39,6 +42,7 @@ from aiohttp import web
 
 from o41.core.retention import Row, choose, keep_for
 from o41.state import Compare, Delete, KeyValue, Put, StoreUnavailable
+from o41.webhook.directories import delete_files
 from o41.webhook.errors import LocationFailed
 from o41.webhook.keys import RETENTION, SETTINGS, STORE, USAGE, VIEW
 from o41.webhook.records import (
@@ -48,6 +52,7 @@ from o41.webhook.records import (
     artifact_key,
     artifacts_prefix,
     index_prefix,
+    manifest_key,
     tags_prefix,
     version_key,
 )
@@ -184,15 +189,6 @@ class Retention:
             )
             return 0
         record = Version.load(current.value)
-        if _is_directory(current.value):
-            log.warning(
-                "retention: version %s of %s/%s is a directory, which this release does not "
-                "delete; kept",
-                record.version,
-                organization,
-                artifact,
-            )
-            return 0
         if record.deleting is None:
             marked = replace(record, deleting=time.time())
             result = await store.txn(
@@ -219,15 +215,18 @@ class Retention:
                 record.location,
             )
             return 0
+        records: list[Delete] = [Delete(vkey), Delete(index.key)]
         try:
             opened = await bucket_for(app, location)
-            await opened.call(location.name, lambda: opened.bucket.delete(record.key))
+            if record.files is None:
+                await opened.call(location.name, lambda: opened.bucket.delete(record.key))
+            else:  # a directory: every object under its prefix, then its manifest too
+                await delete_files(opened, location.name, record.key)
+                records.append(Delete(manifest_key(organization, artifact, record.version)))
         except LocationFailed as e:
             log.warning("retention: version %s not deleted: %s", record.version, e)
             return 0
-        result = await store.txn(
-            [Compare(vkey, "mod", "==", current.mod_revision)], [Delete(vkey), Delete(index.key)]
-        )
+        result = await store.txn([Compare(vkey, "mod", "==", current.mod_revision)], records)
         if not result.succeeded:
             return 0  # another replica's pass finished it
         app[USAGE].add(
@@ -261,17 +260,6 @@ class Retention:
             [Put(vkey, kept), Put(index.key, kept)],
         )
         log.info("retention kept version %s: a tag points at it", version)
-
-
-def _is_directory(raw: bytes) -> bool:
-    """A directory version (issue 17 point 3: many objects under its key, and a manifest
-    record): its files and manifest are not deleted here yet, so it is kept whole rather
-    than half deleted."""
-    try:
-        found = json.loads(raw).get("files")
-    except (ValueError, AttributeError):
-        return False
-    return found is not None
 
 
 async def retaining(app: web.Application) -> AsyncIterator[None]:

@@ -1,5 +1,6 @@
 """No abandoned uploads: the multipart upload of a write whose pending lease expired is
-aborted in its location's bucket (issue 17, docs/storage.md "Abandoned uploads").
+aborted in its location's bucket, and the files a directory write whose lease expired had
+uploaded are deleted (issue 17, docs/storage.md "Abandoned uploads").
 
 A pending record (``records.pending_key``) lives under a lease; when the lease expires
 the store deletes the record. The sweeper watches the pending prefix for deletes with
@@ -16,6 +17,16 @@ the record as it was (``prev_kv``) and tells the two kinds of delete apart:
 
 Had a commit been taken for an expiry, its abort would do no harm either: a completed S3
 upload answers NoSuchUpload, a composed GCS write has no part objects left.
+
+A directory write's files are plain objects (one PUT each, under
+``<artifact>/<version>/``), which no bucket rule removes: for its deletes the sweeper skips
+the age shortcut and always looks for the version record (one read per directory commit),
+so a lease lost young is cleaned up too. Its files are deleted only after that read found
+no version and after the claim below: a commit's transaction is guarded by the pending
+record's revision, so once the record is gone no commit can make the version, and the
+files the sweeper deletes belong to a write that can never be read. The deletes are those
+of the manifest's files that the bucket holds (one listing, then deletes in parallel);
+``bytes`` counts what the bucket held.
 
 Every replica sees every delete. One claims the sweep with a compare-and-set on a
 ``swept/<version>`` key (under the pending writes' lease, so claims go away on their
@@ -38,6 +49,7 @@ from aiohttp import web
 
 from o41.state import Compare, KeyValue, LeaseNotFound, Put, StoreUnavailable
 from o41.webhook import writes
+from o41.webhook.directories import delete_files
 from o41.webhook.errors import LocationFailed
 from o41.webhook.keys import LEASES, STORE, SWEEPER, USAGE, VIEW
 from o41.webhook.records import PREFIX, Pending, version_key
@@ -86,56 +98,73 @@ class Sweeper:
             await asyncio.sleep(RETRY)  # also when the watch ended: the store is closing
 
     async def sweep(self, record: KeyValue) -> bool:
-        """Abort the upload of the pending write ``record`` unless it was committed or
-        another replica claimed it; True if this replica aborted it."""
+        """Clean up after the pending write ``record`` unless it was committed or another
+        replica claimed it: abort its multipart upload, or delete the files of a directory
+        write; True if this replica did."""
         try:
             pending = Pending.load(record.value)
         except (ValueError, TypeError) as e:
             log.warning("a pending record %r is unreadable (%s); left", record.key, e)
             return False
-        if pending.upload_id is None:
+        if pending.upload_id is None and pending.manifest is None:
             return False  # a single PUT: no upload to abort
         try:
-            return await self._sweep(pending, pending.upload_id)
+            return await self._sweep(pending)
         except StoreUnavailable as e:
             log.warning("write %s not swept (%s); the bucket's rule will", pending.version, e)
             return False
 
-    async def _sweep(self, pending: Pending, upload_id: str) -> bool:
+    async def _sweep(self, pending: Pending) -> bool:
         app, store = self._app, self._app[STORE]
-        if time.time() < pending.began + writes.PENDING_TTL - CLOCKS:
+        directory = pending.manifest is not None
+        # A directory's files are plain objects no bucket rule removes: its deletes are
+        # always looked up (one read per directory commit), a lease lost young included.
+        if not directory and time.time() < pending.began + writes.PENDING_TTL - CLOCKS:
             return False  # too young to have expired: a commit
         committed = version_key(pending.organization, pending.artifact, pending.version)
         if await store.get(committed) is not None:
             return False  # the commit's transaction deleted it
+        # No commit can follow: a commit's transaction is guarded by the pending record,
+        # which is gone. So the files are deleted only after this claim, never before.
         if not await self._claim(pending.version):
             return False
         location = app[VIEW].locations.get(pending.location)
         dims: dict[str, str | None] = {"location": pending.location}
-        aborted = False
+        size, aborted = pending.size or 0, False
+        what = "files" if directory else "upload"  # for the logs
         if location is None:
             log.warning(
-                "write %s expired in location %r, which is gone: its upload is not aborted",
+                "write %s expired in location %r, which is gone: its %s not cleaned up",
                 pending.version,
                 pending.location,
+                what,
             )
         else:
             dims = writes.location_dims(location)
             try:
                 opened = await bucket_for(app, location)
-                await opened.call(
-                    location.name, lambda: opened.bucket.abort_multipart(pending.key, upload_id)
-                )
+                if pending.manifest is not None:
+                    paths = [str(row[0]) for row in pending.manifest]
+                    _, size = await delete_files(opened, location.name, pending.key, paths)
+                else:
+                    upload_id = pending.upload_id
+                    assert upload_id is not None
+                    await opened.call(
+                        location.name,
+                        lambda: opened.bucket.abort_multipart(pending.key, upload_id),
+                    )
                 aborted = True
             except LocationFailed as e:
-                log.warning("the upload of expired write %s is not aborted: %s", pending.version, e)
+                log.warning(
+                    "the %s of expired write %s not cleaned up: %s", what, pending.version, e
+                )
             except Exception as e:  # the Secret cannot be read now, and the like
                 log.warning(
-                    "the upload of expired write %s is not aborted (%s)",
+                    "the %s of expired write %s not cleaned up (%s)",
+                    what,
                     pending.version,
                     type(e).__name__,
                 )
-        size = pending.size or 0
         app[USAGE].add(
             pending.organization,
             "abandoned",
@@ -147,7 +176,7 @@ class Sweeper:
         )
         if aborted:
             self.swept += 1
-            log.info("aborted the upload of expired write %s", pending.version)
+            log.info("cleaned up the %s of expired write %s", what, pending.version)
         return aborted
 
     async def _claim(self, version: str) -> bool:
