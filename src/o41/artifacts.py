@@ -40,6 +40,7 @@ from o41.client.artifacts import (
     Artifacts,
     BadRequest,
     Conflict,
+    Damaged,
     Forbidden,
     NotFound,
     RangeReader,
@@ -57,6 +58,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "Conflict",
+    "Damaged",
     "Error",
     "Forbidden",
     "NotFound",
@@ -78,6 +80,7 @@ __all__ = [
     "pages",
     "read",
     "read_bytes",
+    "read_range",
     "resolve",
     "tag",
     "tags",
@@ -272,6 +275,15 @@ class Client:
         data, _ = self._api.read_bytes(organization, artifact, version)
         return data
 
+    def read_range(
+        self, organization: str, artifact: str, version: str, start: int, length: int
+    ) -> bytes:
+        """``length`` bytes of a version from offset ``start`` (fewer at its end), in one
+        ranged GET; every recorded part the range covers whole is checked (:class:`Damaged`
+        if it differs). Many ranges of one version: :meth:`open` and seek."""
+        data, _ = self._api.read_range(organization, artifact, version, start, length)
+        return data
+
     def open(self, organization: str, artifact: str, version: str = LATEST) -> VersionFile:
         """A version as a seekable binary file object; reading starts at once, before
         the whole version is down (``torch.load(f)``, ``tarfile.open(fileobj=f)``)."""
@@ -416,6 +428,11 @@ def read(organization: str, artifact: str, version: str, path: str | os.PathLike
 def read_bytes(organization: str, artifact: str, version: str = LATEST) -> bytes:
     """:meth:`Client.read_bytes` on the default client."""
     return _client().read_bytes(organization, artifact, version)
+
+
+def read_range(organization: str, artifact: str, version: str, start: int, length: int) -> bytes:
+    """:meth:`Client.read_range` on the default client."""
+    return _client().read_range(organization, artifact, version, start, length)
 
 
 def open(organization: str, artifact: str, version: str = LATEST) -> VersionFile:

@@ -111,6 +111,16 @@ class ReadOut(Out):
     locality: Literal["local", "cross-region", "cross-cloud"]
     size: int
     md5: str | None
+    part_size: int | None = Field(
+        None,
+        alias="partSize",
+        description="A multipart version's part size, when its parts' CRC32s are recorded.",
+    )
+    crc32: list[str] | None = Field(
+        None,
+        description="Each part's CRC32 (base64, big-endian) as written: a reader checks "
+        "every part it downloads whole. Absent for single-PUT versions (use md5).",
+    )
     download: Signed
     requested: str = Field(description="The reference asked for: an id, 'latest' or a tag.")
     tag: str | None = Field(description="The tag it resolved, when it was one.")

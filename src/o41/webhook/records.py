@@ -138,6 +138,11 @@ class Version:
     committed: float
     metadata: dict[str, Any] | None = None
     seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
+    # A multipart version's part size and each part's CRC32 (base64) as the writer sent
+    # them at begin: a reader checks each range of whole parts. Kept in the version's own
+    # record only (the listing index leaves them out: up to 10,000 checksums a version).
+    part_size: int | None = None
+    crc32: list[str] | None = None
 
     def dump(self) -> bytes:
         return _dump(self)
