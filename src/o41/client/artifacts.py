@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 import urllib.parse
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,15 +31,25 @@ from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, crc32_b64, part_count, part_size_for
 from o41.core.places import Place
 
+try:  # zlib-ng's CRC32 costs 0.015 CPU seconds a GiB, the standard library's 0.21
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - a pod without the wheel: the same CRC32, slower
+    from zlib import crc32
+
 log = logging.getLogger("o41")
 
 BLOCK = 1024 * 1024
+# What a download reads from the socket at a time (and writes at its offset). Measured on 2
+# shared cores, 1 GiB from versitygw (bench/reads.py): blocks of 64-256 KiB cost the client
+# ~0.7 s of system time, 512 KiB-1 MiB 1.8-2.7 s (the copies no longer stay in cache).
+READ_BLOCK = 256 * 1024
 PARALLEL_PARTS = 8
 # Downloads: fewer, larger ranges than parts. Measured against versitygw on 2 shared cores
 # (1 GiB, medians of alternated runs): 4 x 64 MiB ~800 MiB/s, 8 x 16 MiB ~250-320 MiB/s
 # (its concurrent writes into one file cost 3-4x the kernel time), 2 x 64 ~670, 8 x 64 ~540.
 RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
+DROP_WRITTEN = False  # posix_fadvise(DONTNEED) each range once written (bench/reads.py)
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 # A part's URL is signed again by the service when it has less than this left, in batches
 # of the next parts to go up: a multi-hour write never sends a part on an expired URL.
@@ -360,12 +369,12 @@ class _Source:
     def crc32(self, offset: int, length: int) -> str:
         crc, left = 0, length
         if self.data is not None:
-            return crc32_b64(zlib.crc32(self.data[offset : offset + length]))
+            return crc32_b64(crc32(self.data[offset : offset + length]))
         assert self.path is not None
         with self.path.open("rb") as f:
             f.seek(offset)
             while left > 0 and (block := f.read(min(BLOCK, left))):
-                crc = zlib.crc32(block, crc)
+                crc = crc32(block, crc)
                 left -= len(block)
         return crc32_b64(crc)
 
@@ -768,31 +777,8 @@ class Artifacts:
         """Download a version (an id, ``latest`` or a tag) to ``output`` (written whole or
         not at all)."""
         found = self.locate(organization, artifact, version)
-        version = found["version"]
-        output = Path(output)
-        partial = output.with_name(output.name + ".o41-partial")
-        size: int = found["size"]
-        progress = Progress(size, f"download from {found['location']}")
-        pool = _Pool(self.timeout)
-        try:
-            whole = _recorded_parts(found) is None and found.get("md5")
-            if whole or size <= range_size(found):
-                got = self._stream(pool, found, partial, progress)
-            else:
-                try:
-                    got = self._ranges(pool, found, partial, progress)
-                except _NoRanges:
-                    got = self._stream(pool, found, partial, progress)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
-            raise ArtifactError(f"download from {found['location']} failed: {e}") from None
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        finally:
-            pool.close()
-        partial.replace(output)
-        return Read(version, found["location"], found["locality"], got, found.get("tag"))
+        got = download(found, output, self.timeout)
+        return Read(found["version"], found["location"], found["locality"], got, found.get("tag"))
 
     def read_bytes(self, organization: str, artifact: str, version: str) -> tuple[bytes, Read]:
         """A version's bytes in memory, checked against its size, and its recorded parts'
@@ -899,49 +885,79 @@ class Artifacts:
         )
         return deleted
 
-    def _stream(
-        self, pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress
-    ) -> int:
-        """The object in one GET, checked against the MD5 the service gave (single-part
-        objects: the bucket's ETag), its recorded parts' CRC32s and the size."""
-        req = found["download"]
-        md5 = hashlib.md5() if found.get("md5") else None  # noqa: S324 - integrity
-        check = _PartCheck(found, 0)
-        got = 0
-        resp = pool.request(req["method"], req["url"], req["headers"])
-        if resp.status != 200:
-            resp.read()
-            raise ArtifactError(
-                f"location {found['location']} answered HTTP {resp.status} to the download"
-            )
-        block = memoryview(bytearray(BLOCK))  # one buffer, filled again and again
-        with partial.open("wb") as out:
-            while n := resp.readinto(block):
-                out.write(block[:n])
-                if md5 is not None:
-                    md5.update(block[:n])
-                check.update(block[:n], got)
-                got += n
-                progress(n)
-        if got != found["size"] or (md5 is not None and md5.hexdigest() != found["md5"]):
-            raise Damaged(
-                f"download of {found.get('version', 'the version')} is damaged ({got} of "
-                f"{found['size']} bytes, or a bad checksum): read it again"
-            )
-        return got
 
-    def _ranges(
-        self, pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress
-    ) -> int:
-        """The object as parallel ranges (:func:`range_size`), each written at its offset
-        as it comes and each whole part checked against its recorded CRC32: memory stays
-        at a block per thread."""
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            os.ftruncate(fd, found["size"])
-            return _parallel_ranges(pool, found, _FileSink(fd), progress)
-        finally:
-            os.close(fd)
+def download(found: Mapping[str, Any], output: str | Path, timeout: float = 60.0) -> int:
+    """A located version (:meth:`Artifacts.locate`) to the file ``output``, written whole
+    or not at all: the bytes go to ``output.o41-partial`` beside it, renamed over
+    ``output`` once every check passed (a failure leaves ``output`` as it was). A version
+    larger than one range comes as parallel ranges; its size, and each recorded part's
+    CRC32 (else its MD5), are checked. Returns the size."""
+    output = Path(output)
+    partial = output.with_name(output.name + ".o41-partial")
+    size: int = found["size"]
+    progress = Progress(size, f"download from {found['location']}")
+    pool = _Pool(timeout)
+    try:
+        whole = _recorded_parts(found) is None and found.get("md5")
+        if whole or size <= range_size(found):
+            got = _stream(pool, found, partial, progress)
+        else:
+            try:
+                got = _ranges(pool, found, partial, progress)
+            except _NoRanges:
+                got = _stream(pool, found, partial, progress)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise ArtifactError(f"download from {found['location']} failed: {e}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        pool.close()
+    partial.replace(output)
+    return got
+
+
+def _stream(pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress) -> int:
+    """The object in one GET, checked against the MD5 the service gave (single-part
+    objects: the bucket's ETag), its recorded parts' CRC32s and the size."""
+    req = found["download"]
+    md5 = hashlib.md5() if found.get("md5") else None  # noqa: S324 - integrity
+    check = _PartCheck(found, 0)
+    got = 0
+    resp = pool.request(req["method"], req["url"], req["headers"])
+    if resp.status != 200:
+        resp.read()
+        raise ArtifactError(
+            f"location {found['location']} answered HTTP {resp.status} to the download"
+        )
+    block = memoryview(bytearray(READ_BLOCK))  # one buffer, filled again and again
+    with partial.open("wb") as out:
+        while n := resp.readinto(block):
+            out.write(block[:n])
+            if md5 is not None:
+                md5.update(block[:n])
+            check.update(block[:n], got)
+            got += n
+            progress(n)
+    if got != found["size"] or (md5 is not None and md5.hexdigest() != found["md5"]):
+        raise Damaged(
+            f"download of {found.get('version', 'the version')} is damaged ({got} of "
+            f"{found['size']} bytes, or a bad checksum): read it again"
+        )
+    return got
+
+
+def _ranges(pool: _Pool, found: Mapping[str, Any], partial: Path, progress: Progress) -> int:
+    """The object as parallel ranges (:func:`range_size`), each written at its offset
+    as it comes and each whole part checked against its recorded CRC32: memory stays
+    at a block per thread."""
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        os.ftruncate(fd, found["size"])
+        return _parallel_ranges(pool, found, _FileSink(fd), progress)
+    finally:
+        os.close(fd)
 
 
 class Damaged(ArtifactError):
@@ -997,7 +1013,7 @@ class _PartCheck:
             part_end = min((self._n + 1) * self._part_size, size)
             take = min(len(view), part_end - at)
             if self._crc is not None:
-                self._crc = zlib.crc32(view[:take], self._crc)
+                self._crc = crc32(view[:take], self._crc)
             at += take
             view = view[take:]
             if at == part_end:
@@ -1029,7 +1045,7 @@ class _FileSink:
         self.fd = fd
 
     def buffer(self) -> memoryview:
-        return memoryview(bytearray(BLOCK))
+        return memoryview(bytearray(READ_BLOCK))
 
     def into(self, block: memoryview, at: int, length: int) -> memoryview:
         return block[:length]
@@ -1038,6 +1054,10 @@ class _FileSink:
         while len(view):
             n = os.pwrite(self.fd, view, at)
             view, at = view[n:], at + n
+
+    def done(self, start: int, length: int) -> None:
+        if DROP_WRITTEN:
+            os.posix_fadvise(self.fd, start, length, os.POSIX_FADV_DONTNEED)
 
 
 class _MemorySink:
@@ -1055,6 +1075,9 @@ class _MemorySink:
 
     def put(self, view: memoryview, at: int) -> None:
         pass  # already there
+
+    def done(self, start: int, length: int) -> None:
+        pass
 
 
 _Sink = _FileSink | _MemorySink
@@ -1093,7 +1116,7 @@ def _get_range(
     at, block = start, sink.buffer()
     try:
         while at <= end:
-            into = sink.into(block, at, min(BLOCK, end + 1 - at))
+            into = sink.into(block, at, min(READ_BLOCK, end + 1 - at))
             n = resp.readinto(into)
             if not n:
                 break
@@ -1111,6 +1134,7 @@ def _get_range(
     if at != end + 1:
         pool.forget(req["url"])
         raise ArtifactError(f"download of bytes {start}-{end} stopped at byte {at}: read it again")
+    sink.done(start, at - start)
     return at - start
 
 
