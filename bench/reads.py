@@ -14,7 +14,7 @@ with the load average then (the machine is shared), then the medians:
 - ``s5cmd``: ``s5cmd cp`` (Go, the fastest S3 client in published comparisons).
 
 Variants of ours try other settings (``--variant NAME:KEY=VALUE,...``, keys RANGE_SIZE
-and READ_BLOCK in MiB, PARALLEL_RANGES, VERIFY=0|1, DROP=0|1), e.g.
+and READ_BLOCK in MiB, PARALLEL_RANGES, VERIFY=0|1), e.g.
 ``--variant noverify:VERIFY=0 --variant r8:PARALLEL_RANGES=8,RANGE_SIZE=32``.
 ``--dirty N`` writes N MiB of other files before each round (as bench/placement.py's
 uploads do), so that the page cache is under pressure as there.
@@ -57,8 +57,6 @@ def child(spec: dict[str, Any]) -> None:
             if key == "VERIFY":
                 if not int(value):
                     found.pop("crc32", None)
-            elif key == "DROP":
-                artifacts.DROP_WRITTEN = bool(int(value))
             elif key in ("RANGE_SIZE", "READ_BLOCK"):
                 setattr(artifacts, key, int(float(value) * MiB))
             else:

@@ -49,7 +49,6 @@ PARALLEL_PARTS = 8
 # (its concurrent writes into one file cost 3-4x the kernel time), 2 x 64 ~670, 8 x 64 ~540.
 RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
-DROP_WRITTEN = False  # posix_fadvise(DONTNEED) each range once written (bench/reads.py)
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 # A part's URL is signed again by the service when it has less than this left, in batches
 # of the next parts to go up: a multi-hour write never sends a part on an expired URL.
@@ -1055,10 +1054,6 @@ class _FileSink:
             n = os.pwrite(self.fd, view, at)
             view, at = view[n:], at + n
 
-    def done(self, start: int, length: int) -> None:
-        if DROP_WRITTEN:
-            os.posix_fadvise(self.fd, start, length, os.POSIX_FADV_DONTNEED)
-
 
 class _MemorySink:
     """Where ranges land in memory: read straight into the buffer that holds the object's
@@ -1075,9 +1070,6 @@ class _MemorySink:
 
     def put(self, view: memoryview, at: int) -> None:
         pass  # already there
-
-    def done(self, start: int, length: int) -> None:
-        pass
 
 
 _Sink = _FileSink | _MemorySink
@@ -1134,7 +1126,6 @@ def _get_range(
     if at != end + 1:
         pool.forget(req["url"])
         raise ArtifactError(f"download of bytes {start}-{end} stopped at byte {at}: read it again")
-    sink.done(start, at - start)
     return at - start
 
 
