@@ -111,6 +111,7 @@ class Run:
     cpu: float  # the client's user + system seconds
     sys_cpu: float  # of which system
     gateway_cpu: float  # versitygw's, during the transfer
+    load: float = 0.0  # the 1-minute load average when it started
 
 
 def cpu_seconds(pid: int) -> float:
@@ -226,6 +227,7 @@ class Transfers:
         return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
     def one(self, name: str, direction: str) -> Run:
+        load = os.getloadavg()[0]
         served = cpu_seconds(self.gateway_pid)
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
@@ -244,7 +246,7 @@ class Transfers:
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return Run(seconds, rss, cpu, self.last_sys, cpu_seconds(self.gateway_pid) - served)
+        return Run(seconds, rss, cpu, self.last_sys, cpu_seconds(self.gateway_pid) - served, load)
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
@@ -253,7 +255,16 @@ class Transfers:
             order = self.CLIENTS if r % 2 == 0 else tuple(reversed(self.CLIENTS))
             for direction in ("up", "down"):
                 for name in order:
-                    results.setdefault((name, direction), []).append(self.one(name, direction))
+                    run = self.one(name, direction)
+                    results.setdefault((name, direction), []).append(run)
+                    mib = self.big.stat().st_size / 2**20
+                    print(
+                        f"  round {r + 1} {direction:4} {name:14} {mib / run.seconds:6.0f} MiB/s"
+                        f"  cpu {run.cpu:5.2f} s (sys {run.sys_cpu:4.2f})  gateway "
+                        f"{run.gateway_cpu:5.2f} s  peak RSS {run.rss:4.0f} MiB  "
+                        f"load {run.load:.2f}",
+                        flush=True,
+                    )
         return results
 
 
@@ -274,12 +285,21 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
                 f"cpu {statistics.median(r.cpu for r in runs):5.2f} s "
                 f"(sys {statistics.median(r.sys_cpu for r in runs):4.2f}), "
                 f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
-                f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
+                f"peak RSS {max(r.rss for r in runs):4.0f} MiB  "
+                f"load {min(r.load for r in runs):.1f}-{max(r.load for r in runs):.1f}"
             )
         ours = rate["ours"]
+        ratios = [
+            b.seconds / a.seconds
+            for a, b in zip(
+                results[("ours", direction)], results[("s5cmd", direction)], strict=True
+            )
+        ]
         print(
             f"  {'':8} ours vs boto3 {ours / rate['boto3']:.0%}, vs boto3 matched "
-            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%}"
+            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%} "
+            f"(round by round: {' '.join(f'{x:.2f}' for x in ratios)}, "
+            f"median {statistics.median(ratios):.2f})"
         )
 
 
