@@ -788,17 +788,10 @@ class Artifacts:
             _recorded_parts(found) is not None or not found.get("md5")
         ):
             data = bytearray(found["size"])
-            pool = _Pool(self.timeout)
             try:
-                _parallel_ranges(pool, found, _MemorySink(memoryview(data)), lambda n: None)
+                _into_memory(found, memoryview(data), 0, self.timeout, parallel=True)
             except _NoRanges:
                 data = None
-            except OSError as e:
-                raise ArtifactError(
-                    f"download from {found['location']} failed: {e}; read it again"
-                ) from None
-            finally:
-                pool.close()
         if data is None:
             with RangeReader(found, self.timeout) as raw:
                 data = raw.readall()
@@ -1156,21 +1149,33 @@ def read_range(found: Mapping[str, Any], start: int, length: int, timeout: float
     if length == 0:
         return b""
     out = bytearray(length)
-    pool = _Pool(timeout)
     try:
-        sink = _MemorySink(memoryview(out), start)
-        _get_range(pool, found, start, start + length - 1, sink, lambda n: None)
+        _into_memory(found, memoryview(out), start, timeout, parallel=False)
     except _NoRanges:
         raise ArtifactError(
             f"location {found['location']} does not serve ranges: read the version whole"
         ) from None
+    return bytes(out)
+
+
+def _into_memory(
+    found: Mapping[str, Any], out: memoryview, start: int, timeout: float, *, parallel: bool
+) -> None:
+    """The object's bytes from ``start`` into ``out`` (all of it, and in parallel ranges,
+    with ``parallel``; else one ranged GET), checked part by part."""
+    pool = _Pool(timeout)
+    sink = _MemorySink(out, start)
+    try:
+        if parallel:
+            _parallel_ranges(pool, found, sink, lambda n: None)
+        else:
+            _get_range(pool, found, start, start + len(out) - 1, sink, lambda n: None)
     except OSError as e:
         raise ArtifactError(
             f"download from {found['location']} failed: {e}; read it again"
         ) from None
     finally:
         pool.close()
-    return bytes(out)
 
 
 class _NoRanges(Exception):
