@@ -112,6 +112,7 @@ class Run:
     sys_cpu: float  # of which system
     gateway_cpu: float  # versitygw's, during the transfer
     load: float = 0.0  # the 1-minute load average when it started
+    located: float = 0.0  # of our download's seconds, the service's answer (locate)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -127,15 +128,19 @@ BUCKET = "o41-bench-baseline"
 def child(spec: dict[str, Any]) -> None:
     """One transfer in a process of its own (so its peak RSS is its own): prints seconds."""
     what, path = spec["what"], Path(spec["path"])
+    located = 0.0
     if what.startswith("ours"):
-        from o41.client.artifacts import Artifacts
+        from o41.client.artifacts import Artifacts, download
 
         client = Artifacts(spec["service"], spec["token_file"], Place("aws", "us-east-1", "env"))
         t = time.perf_counter()
         if what == "ours-up":
             version = client.write("bench", "big", path).version
-        else:
-            version = client.read("bench", "big", spec["version"], path).version
+        else:  # client.read, its two steps timed apart
+            found = client.locate("bench", "big", spec["version"])
+            located = time.perf_counter() - t
+            download(found, path)
+            version = found["version"]
     else:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -156,7 +161,8 @@ def child(spec: dict[str, Any]) -> None:
         else:
             sdk.download_file(BUCKET, "big", str(path), Config=config)
         version = ""
-    print(json.dumps({"seconds": time.perf_counter() - t, "version": version}))
+    seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "version": version, "located": located}))
 
 
 class Transfers:
@@ -231,6 +237,7 @@ class Transfers:
         served = cpu_seconds(self.gateway_pid)
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
+        located = 0.0
         if name == "s5cmd":
             url = f"s3://{BUCKET}/big-s5cmd"
             src, dst = (str(path), url) if direction == "up" else (url, str(path))
@@ -241,12 +248,14 @@ class Transfers:
             spec["version"] = self.version
             argv = [sys.executable, __file__, "--child", json.dumps(spec)]
             seconds, rss, cpu, out = self._run(argv)
+            located = json.loads(out.strip().splitlines()[-1]).get("located", 0.0)
             if name == "ours" and direction == "up":
                 self.version = json.loads(out.strip().splitlines()[-1])["version"]
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return Run(seconds, rss, cpu, self.last_sys, cpu_seconds(self.gateway_pid) - served, load)
+        gateway = cpu_seconds(self.gateway_pid) - served
+        return Run(seconds, rss, cpu, self.last_sys, gateway, load, located)
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
@@ -262,7 +271,8 @@ class Transfers:
                         f"  round {r + 1} {direction:4} {name:14} {mib / run.seconds:6.0f} MiB/s"
                         f"  cpu {run.cpu:5.2f} s (sys {run.sys_cpu:4.2f})  gateway "
                         f"{run.gateway_cpu:5.2f} s  peak RSS {run.rss:4.0f} MiB  "
-                        f"load {run.load:.2f}",
+                        f"load {run.load:.2f}"
+                        + (f"  (locate {run.located:.2f} s)" if run.located else ""),
                         flush=True,
                     )
         return results
@@ -289,6 +299,15 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
                 f"load {min(r.load for r in runs):.1f}-{max(r.load for r in runs):.1f}"
             )
         ours = rate["ours"]
+        if direction == "down":
+            bare = statistics.median(
+                mib / (r.seconds - r.located) for r in results[("ours", direction)]
+            )
+            located = statistics.median(r.located for r in results[("ours", direction)])
+            print(
+                f"  {'':8} ours without the service's answer (locate, median {located:.2f} s):"
+                f" {bare:.0f} MiB/s, {bare / rate['s5cmd']:.0%} of s5cmd"
+            )
         ratios = [
             b.seconds / a.seconds
             for a, b in zip(

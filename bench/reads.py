@@ -16,8 +16,9 @@ with the load average then (the machine is shared), then the medians:
 Variants of ours try other settings (``--variant NAME:KEY=VALUE,...``, keys RANGE_SIZE
 and READ_BLOCK in MiB, PARALLEL_RANGES, VERIFY=0|1), e.g.
 ``--variant noverify:VERIFY=0 --variant r8:PARALLEL_RANGES=8,RANGE_SIZE=32``.
-``--dirty N`` writes N MiB of other files before each round (as bench/placement.py's
-uploads do), so that the page cache is under pressure as there.
+``--dirty N`` writes N MiB to another file before each round and keeps it until the
+next (as bench/placement.py's uploads leave gigabytes to write back), so that the reads
+write into a page cache busy writing back, as there.
 
     .venv/bin/python bench/reads.py [--mib 1024] [--rounds 5] [--variant ...] [--dirty 0]
 """
@@ -207,13 +208,13 @@ def main() -> int:
         results: dict[str, list[Run]] = {name: [] for name in clients}
         names = list(clients)
         for r in range(args.rounds):
-            if args.dirty:
+            if args.dirty:  # kept until the next round: written back while we read
                 dirty = work / "dirty.bin"
+                dirty.unlink(missing_ok=True)
                 with dirty.open("wb") as f:
                     block = os.urandom(MiB)
                     for _ in range(args.dirty):
                         f.write(block)
-                dirty.unlink()
             order = names if r % 2 == 0 else list(reversed(names))
             for name in order:
                 out = work / f"down-{name}.bin"
