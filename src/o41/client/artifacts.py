@@ -1,10 +1,12 @@
 """Write and read artifact versions: the service places them, the bytes go straight to
 the bucket through pre-signed requests, and a broken bucket costs money, not the run.
 
-Standard library only (``http.client``): pods import this, and the upload path must not
-depend on a cloud SDK. Large files stream with bounded memory (a 1 MiB block per thread);
-multipart parts upload in parallel, large downloads come as parallel ranges, both over
-kept-alive connections (one per thread and host).
+Standard library only (``http.client``; zlib-ng's CRC32 when installed): pods import this,
+and the upload path must not depend on a cloud SDK. Large files stream with bounded memory
+(a 1 MiB block per upload thread, 256 KiB per download thread); multipart parts upload in
+parallel, large downloads come as parallel ranges of whole parts, each part checked
+against the CRC32 its writer recorded, both over kept-alive connections (one per thread
+and host).
 """
 
 from __future__ import annotations
