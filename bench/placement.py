@@ -111,6 +111,8 @@ class Run:
     cpu: float  # the client's user + system seconds
     sys_cpu: float  # of which system
     gateway_cpu: float  # versitygw's, during the transfer
+    load: float = 0.0  # the 1-minute load average when it started
+    located: float = 0.0  # of our download's seconds, the service's answer (locate)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -126,15 +128,19 @@ BUCKET = "o41-bench-baseline"
 def child(spec: dict[str, Any]) -> None:
     """One transfer in a process of its own (so its peak RSS is its own): prints seconds."""
     what, path = spec["what"], Path(spec["path"])
+    located = 0.0
     if what.startswith("ours"):
-        from o41.client.artifacts import Artifacts
+        from o41.client.artifacts import Artifacts, download
 
         client = Artifacts(spec["service"], spec["token_file"], Place("aws", "us-east-1", "env"))
         t = time.perf_counter()
         if what == "ours-up":
             version = client.write("bench", "big", path).version
-        else:
-            version = client.read("bench", "big", spec["version"], path).version
+        else:  # client.read, its two steps timed apart
+            found = client.locate("bench", "big", spec["version"])
+            located = time.perf_counter() - t
+            download(found, path)
+            version = found["version"]
     else:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -155,7 +161,8 @@ def child(spec: dict[str, Any]) -> None:
         else:
             sdk.download_file(BUCKET, "big", str(path), Config=config)
         version = ""
-    print(json.dumps({"seconds": time.perf_counter() - t, "version": version}))
+    seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "version": version, "located": located}))
 
 
 class Transfers:
@@ -226,9 +233,15 @@ class Transfers:
         return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
     def one(self, name: str, direction: str) -> Run:
+        # Each transfer starts with nothing left to write back: otherwise the first download
+        # after the uploads pays for their gigabytes of dirty pages (measured: the client
+        # run first after the uploads got half the rate of the one run last, whichever).
+        os.sync()
+        load = os.getloadavg()[0]
         served = cpu_seconds(self.gateway_pid)
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
+        located = 0.0
         if name == "s5cmd":
             url = f"s3://{BUCKET}/big-s5cmd"
             src, dst = (str(path), url) if direction == "up" else (url, str(path))
@@ -239,12 +252,14 @@ class Transfers:
             spec["version"] = self.version
             argv = [sys.executable, __file__, "--child", json.dumps(spec)]
             seconds, rss, cpu, out = self._run(argv)
+            located = json.loads(out.strip().splitlines()[-1]).get("located", 0.0)
             if name == "ours" and direction == "up":
                 self.version = json.loads(out.strip().splitlines()[-1])["version"]
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
-        return Run(seconds, rss, cpu, self.last_sys, cpu_seconds(self.gateway_pid) - served)
+        gateway = cpu_seconds(self.gateway_pid) - served
+        return Run(seconds, rss, cpu, self.last_sys, gateway, load, located)
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
@@ -253,7 +268,17 @@ class Transfers:
             order = self.CLIENTS if r % 2 == 0 else tuple(reversed(self.CLIENTS))
             for direction in ("up", "down"):
                 for name in order:
-                    results.setdefault((name, direction), []).append(self.one(name, direction))
+                    run = self.one(name, direction)
+                    results.setdefault((name, direction), []).append(run)
+                    mib = self.big.stat().st_size / 2**20
+                    print(
+                        f"  round {r + 1} {direction:4} {name:14} {mib / run.seconds:6.0f} MiB/s"
+                        f"  cpu {run.cpu:5.2f} s (sys {run.sys_cpu:4.2f})  gateway "
+                        f"{run.gateway_cpu:5.2f} s  peak RSS {run.rss:4.0f} MiB  "
+                        f"load {run.load:.2f}"
+                        + (f"  (locate {run.located:.2f} s)" if run.located else ""),
+                        flush=True,
+                    )
         return results
 
 
@@ -274,12 +299,30 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
                 f"cpu {statistics.median(r.cpu for r in runs):5.2f} s "
                 f"(sys {statistics.median(r.sys_cpu for r in runs):4.2f}), "
                 f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
-                f"peak RSS {max(r.rss for r in runs):4.0f} MiB"
+                f"peak RSS {max(r.rss for r in runs):4.0f} MiB  "
+                f"load {min(r.load for r in runs):.1f}-{max(r.load for r in runs):.1f}"
             )
         ours = rate["ours"]
+        if direction == "down":
+            bare = statistics.median(
+                mib / (r.seconds - r.located) for r in results[("ours", direction)]
+            )
+            located = statistics.median(r.located for r in results[("ours", direction)])
+            print(
+                f"  {'':8} ours without the service's answer (locate, median {located:.2f} s):"
+                f" {bare:.0f} MiB/s, {bare / rate['s5cmd']:.0%} of s5cmd"
+            )
+        ratios = [
+            b.seconds / a.seconds
+            for a, b in zip(
+                results[("ours", direction)], results[("s5cmd", direction)], strict=True
+            )
+        ]
         print(
             f"  {'':8} ours vs boto3 {ours / rate['boto3']:.0%}, vs boto3 matched "
-            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%}"
+            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%} "
+            f"(round by round: {' '.join(f'{x:.2f}' for x in ratios)}, "
+            f"median {statistics.median(ratios):.2f})"
         )
 
 

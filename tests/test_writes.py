@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from o41.client.artifacts import Artifacts
+from o41.client import artifacts
+from o41.client.artifacts import Artifacts, Damaged
 from o41.core.parts import PART_SIZE
 from o41.core.places import Place
 from o41.location_record import LocationRecord
@@ -27,7 +28,7 @@ from o41.state.memory import MemoryStore
 from o41.storage import ObjectStat
 from o41.webhook.app import Settings, make_app
 from o41.webhook.view import Cluster, View, organization_source
-from standin_bucket import StandInBucket, Storage
+from standin_bucket import StandInBucket, Storage, Stored
 from test_usage_support import FakeReviewer
 
 ORG = "ml"
@@ -153,6 +154,39 @@ async def test_a_large_file_goes_up_in_parts(service: Service, tmp_path: Path) -
         service.client("aws", "us-east-1").read, ORG, "big", written.version, out
     )
     assert out.read_bytes() == data
+
+
+async def test_a_read_checks_each_whole_part_it_covers(
+    service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each part's CRC32 from the write is checked by every read that covers the part
+    whole; a range that covers a part only in part cannot check it. The real stand-ins:
+    tests/test_reads.py."""
+    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
+    data = bytearray(os.urandom(2 * PART_SIZE + 1024 * 1024))
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    client = service.client("aws", "us-east-1")
+    written = await asyncio.to_thread(client.write, ORG, "big", path)
+    (key,) = [k for k, v in service.storage.objects.items() if v.data == data]
+    data[PART_SIZE - 1] ^= 1  # the last byte of part 1
+    service.storage.objects[key] = Stored(bytes(data))
+
+    out = tmp_path / "back"
+    with pytest.raises(Damaged, match=r"part 1 of 3 \(bytes 0-") as damaged:
+        await asyncio.to_thread(client.read, ORG, "big", written.version, out)
+    assert damaged.value.part == 1 and not out.exists()
+    assert not (tmp_path / "back.o41-partial").exists()
+    with pytest.raises(Damaged, match="part 1 of 3"):
+        await asyncio.to_thread(client.read_range, ORG, "big", written.version, 0, PART_SIZE)
+    rest, _ = await asyncio.to_thread(
+        client.read_range, ORG, "big", written.version, PART_SIZE, 2 * PART_SIZE
+    )
+    assert rest == data[PART_SIZE:]
+    tail, _ = await asyncio.to_thread(  # part 1 in part, unchecked; part 2 whole, checked
+        client.read_range, ORG, "big", written.version, PART_SIZE - 10, PART_SIZE + 10
+    )
+    assert tail == data[PART_SIZE - 10 : 2 * PART_SIZE]
 
 
 async def test_a_location_that_cannot_sign_is_passed_over(service: Service, tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from o41.client.artifacts import (
     Artifacts,
     BadRequest,
     Conflict,
+    Damaged,
     Forbidden,
     NotFound,
     RangeReader,
@@ -59,6 +60,7 @@ __all__ = [
     "Client",
     "Conflict",
     "Directory",
+    "Damaged",
     "Error",
     "FileInfo",
     "Forbidden",
@@ -83,6 +85,7 @@ __all__ = [
     "read",
     "read_bytes",
     "read_file",
+    "read_range",
     "resolve",
     "tag",
     "tags",
@@ -314,6 +317,15 @@ class Client:
         data, _ = self._api.read_bytes(organization, artifact, version)
         return data
 
+    def read_range(
+        self, organization: str, artifact: str, version: str, start: int, length: int
+    ) -> bytes:
+        """``length`` bytes of a version from offset ``start`` (fewer at its end), in one
+        ranged GET; every recorded part the range covers whole is checked (:class:`Damaged`
+        if it differs). Many ranges of one version: :meth:`open` and seek."""
+        data, _ = self._api.read_range(organization, artifact, version, start, length)
+        return data
+
     def open(
         self, organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
     ) -> VersionFile:
@@ -495,6 +507,11 @@ def read_bytes(
 ) -> bytes:
     """:meth:`Client.read_bytes` on the default client."""
     return _client().read_bytes(organization, artifact, version, path=path)
+
+
+def read_range(organization: str, artifact: str, version: str, start: int, length: int) -> bytes:
+    """:meth:`Client.read_range` on the default client."""
+    return _client().read_range(organization, artifact, version, start, length)
 
 
 def open(

@@ -123,6 +123,16 @@ class ReadOut(Out):
     locality: Literal["local", "cross-region", "cross-cloud"]
     size: int
     md5: str | None
+    part_size: int | None = Field(
+        None,
+        alias="partSize",
+        description="A multipart version's part size, when its parts' CRC32s are recorded.",
+    )
+    crc32: list[str] | None = Field(
+        None,
+        description="Each part's CRC32 (base64, big-endian) as written: a reader checks "
+        "every part it downloads whole. Absent for single-PUT versions (use md5).",
+    )
     download: Signed | None = Field(
         description="Null for a directory version: read its files (the files route)."
     )

@@ -151,6 +151,11 @@ class Version:
     seq: int = 0  # the artifact's commit sequence number (1, 2, ...); 0 before issue 17
     files: int | None = None  # a directory version's file count (its manifest: manifest_key)
     deleting: float | None = None  # when retention began deleting it: no longer readable
+    # A multipart version's part size and each part's CRC32 (base64) as the writer sent
+    # them at begin: a reader checks each range of whole parts. Kept in the version's own
+    # record only (the listing index leaves them out: up to 10,000 checksums a version).
+    part_size: int | None = None
+    crc32: list[str] | None = None
 
     def dump(self) -> bytes:
         return _dump(self)

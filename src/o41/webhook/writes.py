@@ -580,6 +580,9 @@ def version_of(
         committed=time.time(),
         metadata=metadata,
         files=files,
+        # a reader checks each range of whole parts against these
+        part_size=pending.part_size if pending.crc32 else None,
+        crc32=pending.crc32,
     )
 
 
@@ -632,11 +635,11 @@ async def make_version(
             guard = Compare(akey, "mod", "==", current.mod_revision)
             seq = ArtifactRecord.load(current.value).count + 1
         numbered = replace(record, seq=seq)
-        dumped = numbered.dump()
+        listed = replace(numbered, part_size=None, crc32=None).dump()  # a page stays small
         made: list[Delete | Put] = [
             Delete(pending_key(version)),
-            Put(vkey, dumped),
-            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), dumped),
+            Put(vkey, numbered.dump()),
+            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), listed),
             Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
             *extra,
         ]
@@ -656,6 +659,14 @@ async def make_version(
     raise StoreUnavailable(
         f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
     )
+
+
+def parts_json(record: Version) -> dict[str, Any]:
+    """A multipart version's ``partSize`` and ``crc32`` (each part's, base64), when its
+    writer sent them: the reader checks each part it downloads whole against them."""
+    if not record.crc32 or not record.part_size:
+        return {}
+    return {"partSize": record.part_size, "crc32": record.crc32}
 
 
 async def read(
@@ -694,6 +705,7 @@ async def read(
         "locality": str(how_far),
         "size": record.size,
         "md5": record.md5,
+        **parts_json(record),
         "download": signed(download),
         "requested": ref,
         "tag": tag,
