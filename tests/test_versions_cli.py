@@ -176,16 +176,16 @@ async def test_the_example_jobs_script_resumes_from_latest(service: Service) -> 
     first = await asyncio.gather(pod(0, 1, 2), pod(1, 1, 2))
     for out in first:
         assert "resumed" not in out and "counter: 2" in out, first
-        assert [json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith(
-            "wrote "
-        )] == [0, 1], out
+        assert [
+            json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith("wrote ")
+        ] == [0, 1], out
         assert "tag first stays at" not in out and "at step 1" in out
     second = await asyncio.gather(pod(0, 2, 4), pod(1, 2, 4))
     for out in second:
         assert "step 1 metadata" in out.split("resumed from", 1)[1].splitlines()[0], out
-        assert [json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith(
-            "wrote "
-        )] == [2, 3], out
+        assert [
+            json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith("wrote ")
+        ] == [2, 3], out
         assert "tag first stays at" in out and "counter: 2" in out and "at step 3" in out
     latest = json.loads(
         (await o41(service, "versions", "--org", ORG, "--artifact", "checkpoint-0", "--json"))[1]
