@@ -71,11 +71,16 @@ def expected(step: int) -> dict[str, bytes]:
     return {**state, "trainer_state.json": trainer}
 
 
-def uploaded_versions(w: World, s3: S3Store, artifact: str) -> set[str]:
-    """The version ids with at least one object under ``artifact`` in the east bucket."""
+def uploaded(w: World, s3: S3Store, artifact: str) -> list[str]:
+    """The keys under ``artifact/`` in the east bucket."""
     location = json.loads(w.kube.kubectl("get", "location", w.east, "-o", "json"))
     listed = s3.client().list_objects_v2(Bucket=location["status"]["bucket"], Prefix=f"{artifact}/")
-    return {o["Key"].split("/")[1] for o in listed.get("Contents", [])}
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def uploaded_versions(w: World, s3: S3Store, artifact: str) -> set[str]:
+    """The version ids with at least one object under ``artifact`` in the east bucket."""
+    return {key.split("/")[1] for key in uploaded(w, s3, artifact)}
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -191,7 +196,9 @@ def test_the_jobs_training_loop_killed_mid_run_resumes_from_the_newest_checkpoin
     latest = client.latest(w.org, "checkpoint-0")
     assert latest is not None and latest.version == kept[0].version
     # a directory the kill cut short may have files in the bucket: no reader sees it
-    half = uploaded_versions(w, s3, "checkpoint-0") - {v.version for v in kept}
+    in_bucket = uploaded_versions(w, s3, "checkpoint-0")
+    assert in_bucket >= {v.version for v in kept}  # the listing of the bucket sees them
+    half = in_bucket - {v.version for v in kept}
     for version in half:
         with pytest.raises(NotFound):
             client.files(w.org, "checkpoint-0", version)
@@ -222,6 +229,9 @@ def test_the_jobs_training_loop_killed_mid_run_resumes_from_the_newest_checkpoin
     ]
     assert all((v.files, v.location) == (4, w.east) for v in versions)
     assert [v.version for v in versions[-len(kept) :]] == [v.version for v in kept]
+    assert sorted(uploaded(w, s3, "checkpoint-0")) == sorted(
+        f"checkpoint-0/{v.version}/{f}" for v in versions for f in expected(0)
+    )  # a directory's files are its objects, under the version's key; nothing else
     first_tag = client.resolve(w.org, "checkpoint-0", "first")
     assert first_tag.version == versions[-1].version  # step 0's
 
