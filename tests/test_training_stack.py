@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import re
 import signal
 import subprocess
@@ -93,15 +92,9 @@ class Pod:
     def __init__(self, w: World, index: int, steps: int, compute: str) -> None:
         work = w.tmp / f"pod-{index}-{uuid.uuid4().hex[:6]}"  # a new pod's empty /tmp
         work.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("O41_", "SKYPILOT_"))}
+        env = w.pod_environ("aws", "us-east-1", strip=("O41_", "SKYPILOT_"))
         env.update(
             {
-                "O41_ARTIFACTS_DMI_DIR": str(w.tmp / "no-dmi"),
-                "O41_ARTIFACTS_AWS_METADATA_URL": w.closed,
-                "O41_ARTIFACTS_GCP_METADATA_URL": w.closed,
-                "O41_ARTIFACTS_AZURE_METADATA_URL": w.closed,
-                "O41_ARTIFACTS_CLOUD": "aws",
-                "O41_ARTIFACTS_REGION": "us-east-1",
                 "O41_ARTIFACTS_ENDPOINT": w.service.url,
                 "O41_ARTIFACTS_TOKEN_FILE": str(w.team_a),
                 "O41_COMPUTE": compute,
