@@ -43,8 +43,11 @@ def test_examples_cover_every_backend_with_its_secret_and_a_job() -> None:
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "from o41 import sky" in script
     assert "from o41 import artifacts" in script
-    assert 'artifacts.latest("ml", name)' in script  # it resumes from the latest version
+    assert "artifacts.latest(ORG, name)" in script  # it resumes from the latest version
+    assert "artifacts.write(ORG, name, ckpt, metadata=" in script  # a directory, every step
     assert "artifacts.write(" in script and "artifacts.read(" in script
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ORG"] in {d["spec"]["organization"] for d in locations}
     compile(script, "job.yaml", "exec")  # the Job's Python is at least valid Python
 
 

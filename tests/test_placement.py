@@ -90,6 +90,22 @@ class World:
             }
         )
 
+    def pod_environ(self, cloud: str, region: str, strip: tuple[str, ...]) -> dict[str, str]:
+        """This process's environment without the variables starting with ``strip``, as a
+        pod's of ``cloud``/``region`` set by env (no DMI, no metadata address answers)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
+        env.update(
+            {
+                "O41_ARTIFACTS_DMI_DIR": str(self.tmp / "no-dmi"),
+                "O41_ARTIFACTS_AWS_METADATA_URL": self.closed,
+                "O41_ARTIFACTS_GCP_METADATA_URL": self.closed,
+                "O41_ARTIFACTS_AZURE_METADATA_URL": self.closed,
+                "O41_ARTIFACTS_CLOUD": cloud,
+                "O41_ARTIFACTS_REGION": region,
+            }
+        )
+        return env
+
     def ready(self, *names: str) -> None:
         for name in names:
             self.kube.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=60s")

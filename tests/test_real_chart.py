@@ -290,10 +290,15 @@ def test_the_example_job_completes_on_real_pods(installed: Installed) -> None:
             None,
         ), index
         assert "counter: 2" in log, log
-    # both versions are in the stand-in's bucket, uploaded by the pods themselves
+        # a directory checkpoint every step (STEPS=3), each of 4 files; the other's latest
+        steps = [json.loads(x[6:]) for x in log.splitlines() if x.startswith("wrote ")]
+        assert [(s["step"], s["files"]) for s in steps] == [(0, 4), (1, 4), (2, 4)], log
+        assert "of the other pod from aws-us-east-1 at step 2" in log, log
+    # every checkpoint's files are in the stand-in's bucket, uploaded by the pods themselves
     bucket = installed.json("location", "aws-us-east-1")["status"]["bucket"]
     keys = [o["Key"] for o in installed.s3.client().list_objects_v2(Bucket=bucket)["Contents"]]
-    assert len(keys) >= 2, keys
+    for index in ("0", "1"):
+        assert sum(k.startswith(f"checkpoint-{index}/") for k in keys) == 3 * 4, keys
 
 
 # --- lifecycle: what the chart promises while it is upgraded and its pods go -----------------

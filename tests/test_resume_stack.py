@@ -64,17 +64,7 @@ class CountingEndpoint(BreakableEndpoint):
 
 
 def o41(w: World, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("O41_ARTIFACTS_", "SKYPILOT_"))}
-    env.update(
-        {
-            "O41_ARTIFACTS_DMI_DIR": str(w.tmp / "no-dmi"),
-            "O41_ARTIFACTS_AWS_METADATA_URL": w.closed,
-            "O41_ARTIFACTS_GCP_METADATA_URL": w.closed,
-            "O41_ARTIFACTS_AZURE_METADATA_URL": w.closed,
-            "O41_ARTIFACTS_CLOUD": "nebius",
-            "O41_ARTIFACTS_REGION": "eu-west1",
-        }
-    )
+    env = w.pod_environ("nebius", "eu-west1", strip=("O41_ARTIFACTS_", "SKYPILOT_"))
     command = [sys.executable, "-m", "o41.cli", *args]
     command += ["--endpoint", w.service.url, "--token-file", str(w.team_a)]
     return subprocess.Popen(

@@ -157,35 +157,49 @@ async def test_bad_metadata_and_tags_are_refused_before_anything_is_written(
 
 
 async def test_the_example_jobs_script_resumes_from_latest(service: Service) -> None:
-    """examples/job.yaml's Python, as its two pods run it, twice: the second run of each pod
-    resumes at the step after the first run's checkpoint and reads the other's latest."""
+    """examples/job.yaml's Python, as its two pods run it, twice: the first run trains 2
+    steps, the second (STEPS=4) resumes each pod at step 2 from its latest directory
+    checkpoint and reads the other's latest. (tests/test_training_stack.py kills it.)"""
     import yaml
 
     docs = list(yaml.safe_load_all((ROOT / "examples" / "job.yaml").read_text()))
     (job,) = [d for d in docs if d and d["kind"] == "Job"]
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
 
-    async def pod(index: int, run: int) -> str:
-        code, out, err = await o41_python(service, script, index, compute=f"share-{run}")
+    async def pod(index: int, run: int, steps: int) -> str:
+        code, out, err = await o41_python(
+            service, script, index, compute=f"share-{run}", steps=steps, run=run
+        )
         assert code == 0, err
         return out
 
-    first = await asyncio.gather(pod(0, 1), pod(1, 1))
-    assert all("resumed" not in out and "counter: 2" in out for out in first), first
-    second = await asyncio.gather(pod(0, 2), pod(1, 2))
+    first = await asyncio.gather(pod(0, 1, 2), pod(1, 1, 2))
+    for out in first:
+        assert "resumed" not in out and "counter: 2" in out, first
+        assert [
+            json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith("wrote ")
+        ] == [0, 1], out
+        assert "tag first stays at" not in out and "at step 1" in out
+    second = await asyncio.gather(pod(0, 2, 4), pod(1, 2, 4))
     for out in second:
-        assert "step 0" in out.split("resumed from", 1)[1].splitlines()[0], out
-        assert "tag first stays at" in out and "counter: 2" in out
+        assert "step 1 metadata" in out.split("resumed from", 1)[1].splitlines()[0], out
+        assert [
+            json.loads(line[6:])["step"] for line in out.splitlines() if line.startswith("wrote ")
+        ] == [2, 3], out
+        assert "tag first stays at" in out and "counter: 2" in out and "at step 3" in out
     latest = json.loads(
         (await o41(service, "versions", "--org", ORG, "--artifact", "checkpoint-0", "--json"))[1]
     )["versions"]
-    assert [v["metadata"]["step"] for v in latest] == [1, 0]
+    assert [v["metadata"]["step"] for v in latest] == [3, 2, 1, 0]
+    assert all(v["files"] == 4 for v in latest)
 
 
 async def o41_python(
-    service: Service, script: str, index: int, compute: str
+    service: Service, script: str, index: int, compute: str, steps: int, run: int
 ) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("O41_", "SKYPILOT_"))}
+    work = service.token.parent / f"pod-{index}-run-{run}"
+    work.mkdir()
     env.update(
         {
             "PYTHONPATH": str(ROOT / "src"),
@@ -195,12 +209,15 @@ async def o41_python(
             "O41_ARTIFACTS_REGION": "us-east-1",
             "O41_COMPUTE": compute,
             "JOB_COMPLETION_INDEX": str(index),
+            "ORG": ORG,
+            "STEPS": str(steps),
+            "WORK_DIR": str(work),
         }
     )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        script.replace("/tmp/other.bin", str(service.token.parent / f"other-{index}.bin")),
+        script,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
