@@ -212,7 +212,7 @@ def test_a_removed_record_does_not_make_a_location_deletable_and_comes_back(bed:
     assert done.returncode != 0
     assert "cannot be deleted" in done.stderr, done.stderr
     # the operator's periodic check puts its record back as it was
-    assert wait_for(lambda: bed.record(loc), 30, "the record to be restored") == before
+    assert wait_for(lambda: bed.record(loc), 60, "the record to be restored") == before
 
 
 @on_the_bed

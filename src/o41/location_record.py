@@ -42,6 +42,9 @@ class LocationRecord:
     ready: bool = False  # Ready now (the operator's last setup or check)
     failed: bool = False  # the last setup attempt failed
     creating_bucket: str | None = None  # write-ahead record of a bucket being created
+    # the Location's metadata.generation (the API server's, no user writes it) that the last
+    # successful setup was for: an operator restart sets up again only what changed since
+    set_up: int | None = None
 
     @property
     def ever_ready(self) -> bool:
@@ -69,6 +72,7 @@ class LocationRecord:
             "ready": _flag(self.ready),
             "failed": _flag(self.failed),
             "creatingBucket": self.creating_bucket,
+            "setUpGeneration": None if self.set_up is None else str(self.set_up),
         }
 
     def configmap(self, namespace: str) -> dict[str, Any]:
@@ -115,4 +119,10 @@ def parse(configmap: Mapping[str, Any]) -> LocationRecord | None:
         ready=data.get("ready") == "true",
         failed=data.get("failed") == "true",
         creating_bucket=data.get("creatingBucket") or None,
+        set_up=_generation(data.get("setUpGeneration")),
     )
+
+
+def _generation(value: str | None) -> int | None:
+    """A recorded generation, or None for one absent or not a number (never trusted)."""
+    return int(value) if value is not None and value.isdigit() else None

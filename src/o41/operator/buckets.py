@@ -131,6 +131,24 @@ def set_ready(
     return current.get("status") != value
 
 
+def already_set_up(
+    record: LocationRecord, generation: int | None, status: Mapping[str, Any]
+) -> bool:
+    """Whether a setup would redo what this operator recorded as done: the record (only the
+    operator writes it) says Ready, set up at this very generation, no creation under way,
+    and status already shows it. Status only ever makes this False (a forged or wiped one
+    gets a setup that writes it again), never True on its own: the record decides."""
+    shown = condition(status)
+    return (
+        generation is not None
+        and record.ready
+        and record.set_up == generation
+        and record.creating_bucket is None
+        and shown.get("status") == "True"
+        and shown.get("observedGeneration") == generation
+    )
+
+
 @dataclass
 class SetUp:
     """One run of the Location's setup: its object, kopf's patch and the record."""
@@ -185,6 +203,7 @@ class SetUp:
                     failed=False,
                     ready_since=current.ready_since or now(),
                     creating_bucket=None,  # marked now: the write-ahead record did its job
+                    set_up=self.generation,
                 ),
             )
         except RecordUnavailable as e:  # not Ready until recorded
@@ -221,9 +240,18 @@ class SetUp:
             )
 
     def run(self) -> None:
-        """Create or adopt the bucket; on failure say why in status and retry."""
+        """Create or adopt the bucket; on failure say why in status and retry. A Location
+        already set up at this generation (an operator restart) is left to the checks."""
+        record = self.record()
+        if already_set_up(record, self.generation, self.body.status):
+            self.logger.info(
+                "set up at generation %s and Ready: nothing to redo, the periodic check "
+                "watches its bucket",
+                self.generation,
+            )
+            return
         with telemetry.Timed(telemetry.SETUP_SECONDS):
-            creations = RecordCreations(self.state.records, self.record())
+            creations = RecordCreations(self.state.records, record)
             try:
                 _, ref = bucket_of(self.state, self.body)
                 ensured = open_bucket(ref).ensure(

@@ -43,6 +43,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("counts_task")
     if task is not None:
         task.cancel()
+    shared(memo).checks.shutdown(wait=False, cancel_futures=True)
 
 
 # --- Location: the bucket -----------------------------------------------------------------
@@ -84,9 +85,13 @@ def retired_changed(old: Any, new: Any, body: kopf.Body, memo: kopf.Memo, **_: A
     GROUP, VERSION, "locations", interval=CHECK_INTERVAL, initial_delay=CHECK_INTERVAL, idle=0
 )
 @telemetry.reconciled("locations")
-def check_bucket(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """A bucket that was Ready can break later: show it, and when it recovers."""
-    buckets.check(shared(memo), body, patch)
+async def check_bucket(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    """A bucket that was Ready can break later: show it, and when it recovers. In the
+    checks' own pool (``o41.operator.state.CHECKS_AT_ONCE``), not kopf's workers."""
+    state = shared(memo)
+    await asyncio.get_running_loop().run_in_executor(
+        state.checks, buckets.check, state, body, patch
+    )
 
 
 # --- Organization: fallback and cloud defaults --------------------------------------------

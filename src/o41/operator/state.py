@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,16 @@ from o41.operator.records import Records
 from o41.operator.versions import ShownCounts
 
 KEY = "o41"
+
+# The periodic bucket checks run in a pool of their own this wide: a thousand Locations due
+# at once queue there (each checked later, never skipped) and leave kopf's own workers free,
+# so a new Location's setup never waits behind them (kopf's six workers on two cores, shared
+# by checks and setups, left a new Location not Ready within 60 s late in the test suite)
+CHECKS_AT_ONCE = 2
+
+
+def _checks_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=CHECKS_AT_ONCE, thread_name_prefix="o41-check")
 
 
 @dataclass
@@ -46,6 +57,7 @@ class Shared:
     records: Records
     organizations: Organizations = field(default_factory=Organizations)
     counts: ShownCounts = field(default_factory=ShownCounts)
+    checks: ThreadPoolExecutor = field(default_factory=_checks_pool, repr=False)
 
     @classmethod
     def around(cls, cluster: Cluster) -> Shared:

@@ -78,7 +78,7 @@ class OperatorProcess(_Process):
 
     kubeconfig: Path
     directory: Path
-    check_interval: float = 2.0
+    check_interval: float = 5.0
     max_backoff: float = 4.0
     log_format: str = "text"
     server: Server | None = field(default=None, repr=False)
