@@ -252,6 +252,9 @@ def _versions(args: argparse.Namespace) -> int:
                 f"{v['version']}  {_when(v['committed'])}  {v['size']:>12}  "
                 f"{v['location']}  from {where}  {meta}".rstrip()
             )
+    if page.get("keepVersions") is not None:
+        keep = page["keepVersions"]
+        print(f"retention keeps the newest {keep} and the tagged ones", file=sys.stderr)
     if page.get("next"):
         print(f"more: --cursor {page['next']}", file=sys.stderr)
     return 0

@@ -214,6 +214,11 @@ class VersionsOut(Out):
     artifact: str
     versions: list[VersionOut]
     next: str | None
+    keep_versions: int | None = Field(
+        alias="keepVersions",
+        description="how many of the newest versions the organization's retention rule for "
+        "this artifact keeps (tagged ones are kept too); null: no rule, every version is kept",
+    )
 
 
 class ArtifactOut(Out):

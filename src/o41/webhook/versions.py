@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field
 
+from o41.core.retention import keep_for
 from o41.core.versions import (
     LATEST,
     VersionRefused,
@@ -126,7 +127,13 @@ async def list_versions(
     else:
         found = await store.get(artifact_key(org.name, artifact))
         if found is None:
-            return {"organization": org.name, "artifact": artifact, "versions": [], "next": None}
+            return {
+                "organization": org.name,
+                "artifact": artifact,
+                "versions": [],
+                "next": None,
+                "keepVersions": keep_for(org.retention, artifact),
+            }
         position = newest_position(ArtifactRow.load(found.value).count)
         start = prefix
     rows: list[KeyValue] = []
@@ -154,6 +161,7 @@ async def list_versions(
             if r.deleting is None  # retention is deleting it
         ],
         "next": following,
+        "keepVersions": keep_for(org.retention, artifact),  # what the rule lets go shows
     }
 
 
