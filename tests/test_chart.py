@@ -9,6 +9,7 @@ import filecmp
 import json
 import ssl
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -312,7 +313,7 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
         "python", "-m", "o41.webhook", "--host", "0.0.0.0", "--port", "8080",
         "--metrics-port", "9090", "--etcd", endpoints, "--secrets-namespace", NAMESPACE,
         "--authentication", "tokenreview", "--usage-hourly-days", "14",
-        "--usage-daily-days", "400", "--log-format", "text",
+        "--usage-daily-days", "400", "--retention-interval", "600", "--log-format", "text",
     ]  # fmt: skip
     pdb = find(docs, "PodDisruptionBudget", "-placement")
     assert pdb["spec"]["maxUnavailable"] == 1
@@ -335,6 +336,22 @@ def test_usage_retention_reaches_the_service_and_is_checked() -> None:
     done = run_helm("template", "o41", str(CHART), "--set", "placement.usage.retention.dailyDays=7")
     assert done.returncode != 0
     assert "/placement/usage/retention/dailyDays" in done.stderr
+
+
+def test_the_retention_interval_reaches_the_service_and_is_checked() -> None:
+    docs = render("placement.retentionIntervalSeconds=60")
+    args = container(find(docs, "Deployment", "-placement"))["args"]
+    assert args[args.index("--retention-interval") + 1] == "60"
+    done = run_helm("template", "o41", str(CHART), "--set", "placement.retentionIntervalSeconds=5")
+    assert done.returncode != 0
+    assert "/placement/retentionIntervalSeconds" in done.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "o41.webhook", "--retention-interval", "5"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--retention-interval must be at least 10 seconds" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_etcd_attempt_seconds_reach_the_service_and_are_checked() -> None:

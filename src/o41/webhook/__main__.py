@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         help="days the daily usage counters are kept (at least 31: the page's 30-day window)",
     )
     parser.add_argument(
+        "--retention-interval",
+        type=float,
+        default=600.0,
+        help="seconds between passes over every artifact a retention rule covers (at "
+        "least 10; a commit of a covered artifact starts a pass of its own)",
+    )
+    parser.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=os.environ.get("O41_LOG_FORMAT") or "text",
@@ -67,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--usage-hourly-days must be at least 2 (the usage page's 24 h window)")
     if args.usage_daily_days < 31:
         parser.error("--usage-daily-days must be at least 31 (the usage page's 30-day window)")
+    if not args.retention_interval >= 10:
+        parser.error("--retention-interval must be at least 10 seconds")
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
     except ValueError as e:
@@ -80,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_address=(args.host, args.metrics_port) if args.metrics_port else None,
         usage_hourly_days=args.usage_hourly_days,
         usage_daily_days=args.usage_daily_days,
+        retention_interval=args.retention_interval,
     )
     web.run_app(
         make_app(settings),
