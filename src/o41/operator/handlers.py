@@ -13,6 +13,7 @@ The indexes are in ``o41.operator.index``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -43,7 +44,8 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("counts_task")
     if task is not None:
         task.cancel()
-    shared(memo).checks.shutdown(wait=False, cancel_futures=True)
+    with contextlib.suppress(TypeError):  # a start-up that failed put no shared state
+        shared(memo).checks.shutdown(wait=False, cancel_futures=True)
 
 
 # --- Location: the bucket -----------------------------------------------------------------
