@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 
 from o41 import __version__
-from o41.webhook.keys import VIEW
-from o41.webhook.view import organization_source
+from test_retention import rules
 from test_writes import ORG, Service, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,22 +260,11 @@ async def test_a_write_begun_and_half_uploaded_is_finished_with_resume(
 async def test_the_versions_list_says_what_the_retention_rule_keeps(service: Service) -> None:
     """The organization's rule for an artifact is in its versions page (``keepVersions``)
     and under ``o41 versions`` (on stderr: stdout stays one line a version)."""
-    assert service.app is not None
-    service.app[VIEW].put_organization(
-        organization_source(
-            {
-                "metadata": {"name": ORG},
-                "spec": {
-                    "namespaces": ["team-a"],
-                    "retention": [{"artifacts": "ckpt-*", "keepVersions": 3}],
-                },
-            }
-        )
-    )
-    code, out, err = await o41(service, "versions", "--org", ORG, "--artifact", "ckpt-a", "--json")
+    rules(service, 3)  # the artifact "ckpt" keeps its newest 3
+    code, out, err = await o41(service, "versions", "--org", ORG, "--artifact", "ckpt", "--json")
     assert code == 0, err
     assert json.loads(out)["keepVersions"] == 3
-    code, out, err = await o41(service, "versions", "--org", ORG, "--artifact", "ckpt-a")
+    code, out, err = await o41(service, "versions", "--org", ORG, "--artifact", "ckpt")
     assert (code, out) == (0, ""), err
     assert "retention keeps the newest 3 and the tagged ones" in err
     code, out, err = await o41(service, "versions", "--org", ORG, "--artifact", "model", "--json")
