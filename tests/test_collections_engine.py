@@ -101,6 +101,28 @@ async def test_eventual_writes_are_buffered_then_written_in_batches() -> None:
     await engine.close()
 
 
+async def test_keys_one_flush_created_iterate_in_the_order_they_were_written() -> None:
+    """etcd gives every key of a transaction one create revision: once the copy has them,
+    their order must still be the writes' (a dict's insertion order), not their bytes'."""
+    store = MemoryStore()
+    engine = Engine(store, flush_interval=3600)
+    prefix = collection_prefix("ns", "job", "dict", "d") + b"e/"
+    names = [encode_key(n) for n in ("zeta", "alpha", "mu", "beta")]  # not in byte order
+    for name in names:
+        await call(engine, "dict", "d", "set", key=name, value=b"v", consistency="eventual")
+    await engine.flush()
+    kvs = await store.range(prefix)
+    assert len({kv.create_revision for kv in kvs}) == 1  # one transaction made them all
+    replica = engine._replicas[prefix]
+    await until(lambda: not replica.overlay, "the copy to have the flushed keys")
+    await call(engine, "dict", "d", "set", key=names[0], value=b"w", consistency="eventual")
+    await engine.flush()  # an update keeps its place
+    await until(lambda: not replica.overlay, "the copy to have the update")
+    keys = await call(engine, "dict", "d", "keys", consistency="eventual")
+    assert keys["keys"] == names
+    await engine.close()
+
+
 class HeldWrites(MemoryStore):
     """The embedded store, whose writing transactions wait until ``release`` is set (a
     batch in flight while more writes arrive), counting them."""

@@ -41,6 +41,10 @@ class Replica:
     def __init__(self, store: Store, buffer: Buffer[Replica], prefix: bytes) -> None:
         self.store, self.buffer, self.prefix = store, buffer, prefix
         self.mirror: dict[bytes, KeyValue] = {}
+        # key -> (the revision this replica created it at, where it was first written): etcd
+        # gives every key of one transaction the same create revision, so the keys one flush
+        # created iterate in the order they were written here, not in the order of their bytes
+        self.ranks: dict[bytes, tuple[int, int]] = {}
         self.revision = 0  # the mirror holds every event up to this revision
         self.loaded = asyncio.Event()
         self.overlay: dict[bytes, Buffered] = {}
@@ -78,6 +82,7 @@ class Replica:
             try:
                 snapshot = await store.txn([], [Get(self.prefix, prefix=True)])
                 self.mirror = {kv.key: kv for kv in snapshot.results[0]}
+                self.ranks = {k: r for k, r in self.ranks.items() if k in self.mirror}
                 self.revision = snapshot.revision
                 self._prune()
                 self.loaded.set()
@@ -104,6 +109,7 @@ class Replica:
                 self.mirror[kv.key] = kv
             elif current is not None:
                 del self.mirror[kv.key]
+                self.ranks.pop(kv.key, None)
         self.revision = max(self.revision, kv.mod_revision)
         self._prune()
 
@@ -112,6 +118,8 @@ class Replica:
         overlay once the copy has seen that revision (and it was not written again)."""
         for key, pending in writes:
             pending.flushed_at = revision
+            if pending.value is not None:
+                self.ranks[key] = (revision, pending.order)
             self.unseen.append((revision, key, pending.seq))
         self._prune()
 
@@ -161,7 +169,7 @@ class Replica:
 
     async def entries(self) -> list[tuple[bytes, bytes]]:
         base = {} if self.cleared is not None else await self.snapshot()
-        order = sorted(base.values(), key=lambda kv: (kv.create_revision, kv.key))
+        order = sorted(base.values(), key=lambda kv: (kv.create_revision, self._rank(kv), kv.key))
         out = {kv.key: kv.value for kv in order}
         for key, pending in sorted(self.overlay.items(), key=lambda item: item[1].order):
             if pending.value is None or pending.recreated:
@@ -169,6 +177,12 @@ class Replica:
             if pending.value is not None:
                 out[key] = pending.value
         return list(out.items())
+
+    def _rank(self, kv: KeyValue) -> int:
+        """Where ``kv`` was first written among the keys this replica created with it in one
+        transaction (0 for a key another replica or a strong write created)."""
+        rank = self.ranks.get(kv.key)
+        return rank[1] if rank is not None and rank[0] == kv.create_revision else 0
 
     def write(self, key: bytes, value: bytes | None) -> None:
         self.buffer.admit()
