@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import selectors
 import socket
 import sys
 import threading
@@ -51,6 +52,7 @@ PARALLEL_PARTS = 8
 # (its concurrent writes into one file cost 3-4x the kernel time), 2 x 64 ~670, 8 x 64 ~540.
 RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
+RANGE_READER = "threads"
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 # A part's URL is signed again by the service when it has less than this left, in batches
 # of the next parts to go up: a multi-hour write never sends a part on an expired URL.
@@ -1129,6 +1131,8 @@ def _parallel_ranges(
     pool: _Pool, found: Mapping[str, Any], sink: _Sink, progress: Callable[[int], None]
 ) -> int:
     """The whole object as ranges of :func:`range_size` on PARALLEL_RANGES threads."""
+    if RANGE_READER == "selectors" and found["download"]["url"].startswith("http:"):
+        return _selected_ranges(pool.timeout, found, sink, progress)
     size, step = found["size"], range_size(found)
 
     def one(number: int) -> int:
@@ -1137,6 +1141,126 @@ def _parallel_ranges(
 
     with ThreadPoolExecutor(max_workers=PARALLEL_RANGES) as threads:
         return sum(threads.map(one, range(part_count(size, step))))
+
+
+class _Reading:
+    """One range in flight on its own connection, read when its socket is readable."""
+
+    def __init__(
+        self,
+        conn: http.client.HTTPConnection,
+        found: Mapping[str, Any],
+        start: int,
+        end: int,
+        sink: _Sink,
+    ) -> None:
+        self.conn, self.found, self.start, self.end, self.sink = conn, found, start, end, sink
+        assert conn.sock is not None
+        self.sock: socket.socket = conn.sock
+        self.at = start
+        self.resp: http.client.HTTPResponse | None = None
+        self.block = sink.buffer()
+        self.check = _PartCheck(found, start)
+
+    def send(self, target: str, headers: Mapping[str, str]) -> None:
+        ranged = {**headers, "Range": f"bytes={self.start}-{self.end}"}
+        self.conn.request("GET", target, headers=ranged)
+
+    def answered(self) -> int:
+        """The response's head (it has arrived: the socket was readable), checked."""
+        resp = self.resp = self.conn.getresponse()
+        size = self.found["size"]
+        if resp.status == 200 and not (self.start == 0 and self.end == size - 1):
+            raise _NoRanges
+        if resp.status not in (200, 206):
+            raise ArtifactError(
+                f"location {self.found['location']} answered HTTP {resp.status} to the download"
+            )
+        expected = f"bytes {self.start}-{self.end}/{size}"
+        answered = resp.getheader("Content-Range", "").replace("bytes=", "bytes ")
+        if resp.status == 206 and answered != expected:
+            raise ArtifactError(
+                f"location {self.found['location']} answered {resp.getheader('Content-Range')!r}"
+                f" to a request for {expected}: the object changed? read it again"
+            )
+        self.sock.setblocking(False)  # from here on read only what has come
+        # the head's read may have buffered body bytes that the socket no longer shows
+        return self.read()
+
+    def read(self) -> int:
+        """What has come (none if nothing has): written at its offset and checked."""
+        assert self.resp is not None and self.resp.fp is not None
+        into = self.sink.into(self.block, self.at, min(READ_BLOCK, self.end + 1 - self.at))
+        n = self.resp.fp.readinto1(into)
+        if n is None:
+            return 0
+        if not n:
+            raise ArtifactError(
+                f"download of bytes {self.start}-{self.end} stopped at byte {self.at}: "
+                "read it again"
+            )
+        view = into[:n]
+        self.sink.put(view, self.at)
+        self.check.update(view, self.at)
+        self.at += n
+        return n
+
+    @property
+    def done(self) -> bool:
+        return self.at > self.end
+
+
+def _selected_ranges(
+    timeout: float, found: Mapping[str, Any], sink: _Sink, progress: Callable[[int], None]
+) -> int:
+    """The whole object as ranges of :func:`range_size`, PARALLEL_RANGES at a time on as
+    many connections, all read by this one thread as their sockets become readable."""
+    size, step, req = found["size"], range_size(found), found["download"]
+    todo = [(s, min(size, s + step) - 1) for s in range(0, size, step)][::-1]
+    idle: list[http.client.HTTPConnection] = []
+    opened: list[http.client.HTTPConnection] = []
+    got = 0
+    with selectors.DefaultSelector() as selector:
+
+        def begin() -> None:
+            start, end = todo.pop()
+            if idle:
+                conn = idle.pop()
+            else:
+                conn, _ = _connection(req["url"], timeout)
+                opened.append(conn)
+            target = _target(urllib.parse.urlsplit(req["url"]))
+            if conn.sock is None:
+                conn.connect()
+            reading = _Reading(conn, found, start, end, sink)
+            reading.send(target, req["headers"])
+            selector.register(reading.sock, selectors.EVENT_READ, reading)
+
+        try:
+            while todo and len(opened) < PARALLEL_RANGES:
+                begin()
+            while selector.get_map():
+                events = selector.select(timeout)
+                if not events:
+                    raise TimeoutError(f"no byte in {timeout:.0f} s")
+                for key, _ in events:
+                    reading: _Reading = key.data
+                    n = reading.read() if reading.resp is not None else reading.answered()
+                    got += n
+                    progress(n)
+                    if reading.done:
+                        selector.unregister(key.fileobj)
+                        assert reading.resp is not None
+                        reading.resp.close()
+                        reading.sock.settimeout(timeout)
+                        if reading.conn.sock is not None:  # else the server closed it
+                            idle.append(reading.conn)
+                        if todo:
+                            begin()
+        finally:
+            for conn in opened:
+                conn.close()
+    return got
 
 
 def read_range(found: Mapping[str, Any], start: int, length: int, timeout: float = 60.0) -> bytes:
