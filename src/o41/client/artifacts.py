@@ -52,7 +52,11 @@ PARALLEL_PARTS = 8
 # (its concurrent writes into one file cost 3-4x the kernel time), 2 x 64 ~670, 8 x 64 ~540.
 RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
-RANGE_READER = "threads"
+# How parallel ranges are read over http: "selectors", one thread reading every range's
+# socket as it becomes readable (measured faster with the control plane on the same 2
+# cores, docs/placement.md "Reads"); "threads", a thread per range. https reads on threads
+# (TLS in a non-blocking loop is not measured here).
+RANGE_READER = "selectors"
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 # A part's URL is signed again by the service when it has less than this left, in batches
 # of the next parts to go up: a multi-hour write never sends a part on an expired URL.
@@ -1130,7 +1134,8 @@ def _get_range(
 def _parallel_ranges(
     pool: _Pool, found: Mapping[str, Any], sink: _Sink, progress: Callable[[int], None]
 ) -> int:
-    """The whole object as ranges of :func:`range_size` on PARALLEL_RANGES threads."""
+    """The whole object as ranges of :func:`range_size`, PARALLEL_RANGES at a time (one
+    thread over http with RANGE_READER "selectors", else a thread each)."""
     if RANGE_READER == "selectors" and found["download"]["url"].startswith("http:"):
         return _selected_ranges(pool.timeout, found, sink, progress)
     size, step = found["size"], range_size(found)
@@ -1144,7 +1149,8 @@ def _parallel_ranges(
 
 
 class _Reading:
-    """One range in flight on its own connection, read when its socket is readable."""
+    """One range in flight on its own connection, read by :func:`_selected_ranges` when
+    its socket is readable."""
 
     def __init__(
         self,
@@ -1153,8 +1159,12 @@ class _Reading:
         start: int,
         end: int,
         sink: _Sink,
+        reused: bool,
     ) -> None:
         self.conn, self.found, self.start, self.end, self.sink = conn, found, start, end, sink
+        self.reused = reused  # kept alive from an earlier range: the server may have closed it
+        if conn.sock is None:
+            conn.connect()
         assert conn.sock is not None
         self.sock: socket.socket = conn.sock
         self.at = start
@@ -1162,12 +1172,16 @@ class _Reading:
         self.block = sink.buffer()
         self.check = _PartCheck(found, start)
 
-    def send(self, target: str, headers: Mapping[str, str]) -> None:
-        ranged = {**headers, "Range": f"bytes={self.start}-{self.end}"}
-        self.conn.request("GET", target, headers=ranged)
+    def send(self) -> None:
+        req = self.found["download"]
+        headers = {**req["headers"], "Range": f"bytes={self.start}-{self.end}"}
+        self.conn.request(
+            req["method"], _target(urllib.parse.urlsplit(req["url"])), headers=headers
+        )
 
     def answered(self) -> int:
-        """The response's head (it has arrived: the socket was readable), checked."""
+        """The response's head (it has come: the socket was readable), checked as
+        :func:`_get_range` checks it; then the body bytes that came with it."""
         resp = self.resp = self.conn.getresponse()
         size = self.found["size"]
         if resp.status == 200 and not (self.start == 0 and self.end == size - 1):
@@ -1183,15 +1197,15 @@ class _Reading:
                 f"location {self.found['location']} answered {resp.getheader('Content-Range')!r}"
                 f" to a request for {expected}: the object changed? read it again"
             )
-        self.sock.setblocking(False)  # from here on read only what has come
-        # the head's read may have buffered body bytes that the socket no longer shows
+        self.sock.setblocking(False)  # from here on, read only what has come
+        # reading the head may have buffered body bytes that the socket no longer shows
         return self.read()
 
     def read(self) -> int:
-        """What has come (none if nothing has): written at its offset and checked."""
+        """What has come (0 if nothing yet), written at its offset and checked."""
         assert self.resp is not None and self.resp.fp is not None
         into = self.sink.into(self.block, self.at, min(READ_BLOCK, self.end + 1 - self.at))
-        n = self.resp.fp.readinto1(into)
+        n = self.resp.fp.readinto1(into)  # the buffered bytes, else one recv
         if n is None:
             return 0
         if not n:
@@ -1209,54 +1223,73 @@ class _Reading:
     def done(self) -> bool:
         return self.at > self.end
 
+    def finish(self, timeout: float) -> http.client.HTTPConnection | None:
+        """The connection, ready for the next range (None if the server closed it)."""
+        assert self.resp is not None
+        self.resp.close()  # read to its end: the connection stays open...
+        if self.conn.sock is None:  # ...unless the server said it closes it
+            return None
+        self.sock.settimeout(timeout)
+        return self.conn
+
 
 def _selected_ranges(
     timeout: float, found: Mapping[str, Any], sink: _Sink, progress: Callable[[int], None]
 ) -> int:
     """The whole object as ranges of :func:`range_size`, PARALLEL_RANGES at a time on as
-    many connections, all read by this one thread as their sockets become readable."""
-    size, step, req = found["size"], range_size(found), found["download"]
-    todo = [(s, min(size, s + step) - 1) for s in range(0, size, step)][::-1]
-    idle: list[http.client.HTTPConnection] = []
+    many kept-alive connections, all read by this one thread as their sockets become
+    readable: no GIL handed between threads per block, one writer to the file (measured
+    with the control plane on the same 2 cores: docs/placement.md, "Reads")."""
+    size, step = found["size"], range_size(found)
+    todo = [(s, min(size, s + step) - 1) for s in range(0, size, step)][::-1]  # pop: first
     opened: list[http.client.HTTPConnection] = []
     got = 0
     with selectors.DefaultSelector() as selector:
 
-        def begin() -> None:
-            start, end = todo.pop()
-            if idle:
-                conn = idle.pop()
-            else:
-                conn, _ = _connection(req["url"], timeout)
+        def begin(start: int, end: int, conn: http.client.HTTPConnection | None) -> None:
+            reused = conn is not None
+            if conn is None:
+                conn, _ = _connection(found["download"]["url"], timeout)
                 opened.append(conn)
-            target = _target(urllib.parse.urlsplit(req["url"]))
-            if conn.sock is None:
-                conn.connect()
-            reading = _Reading(conn, found, start, end, sink)
-            reading.send(target, req["headers"])
+            reading = _Reading(conn, found, start, end, sink, reused)
+            try:
+                reading.send()
+            except _STALE:
+                if not reused:
+                    raise
+                conn.close()
+                begin(start, end, None)  # once more, on a new connection
+                return
             selector.register(reading.sock, selectors.EVENT_READ, reading)
 
         try:
             while todo and len(opened) < PARALLEL_RANGES:
-                begin()
+                begin(*todo.pop(), None)
             while selector.get_map():
                 events = selector.select(timeout)
                 if not events:
-                    raise TimeoutError(f"no byte in {timeout:.0f} s")
+                    raise TimeoutError(f"the store sent nothing for {timeout:.0f} s")
                 for key, _ in events:
                     reading: _Reading = key.data
-                    n = reading.read() if reading.resp is not None else reading.answered()
+                    if reading.resp is not None:
+                        n = reading.read()
+                    else:
+                        try:
+                            n = reading.answered()
+                        except _STALE:  # closed while idle: the range on a new connection
+                            if not reading.reused:
+                                raise
+                            selector.unregister(key.fileobj)
+                            reading.conn.close()
+                            begin(reading.start, reading.end, None)
+                            continue
                     got += n
                     progress(n)
                     if reading.done:
                         selector.unregister(key.fileobj)
-                        assert reading.resp is not None
-                        reading.resp.close()
-                        reading.sock.settimeout(timeout)
-                        if reading.conn.sock is not None:  # else the server closed it
-                            idle.append(reading.conn)
+                        kept = reading.finish(timeout)
                         if todo:
-                            begin()
+                            begin(*todo.pop(), kept)
         finally:
             for conn in opened:
                 conn.close()
