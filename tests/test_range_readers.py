@@ -11,6 +11,7 @@ each connection after one answer without saying so (as a store closes an idle on
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -40,6 +41,12 @@ class Store(ThreadingHTTPServer):
         self.ignore_ranges = False
         self.one_answer = False  # close after each answer, without "Connection: close"
         self.lock = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that stops reading (at a damaged part) resets its connections:
+        expected here; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class Handler(BaseHTTPRequestHandler):
