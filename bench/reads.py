@@ -207,7 +207,8 @@ def main() -> int:
         print(
             f"{os.cpu_count()} cores; {args.mib} MiB in parts of {part_size // MiB} MiB; ours: "
             f"{artifacts.PARALLEL_RANGES} ranges of {artifacts.RANGE_SIZE // MiB} MiB in "
-            f"blocks of {artifacts.READ_BLOCK // 1024} KiB, each part's CRC32 checked",
+            f"blocks of {artifacts.READ_BLOCK // 1024} KiB ({artifacts.RANGE_READER}), each part's "
+            "CRC32 checked",
             flush=True,
         )
         results: dict[str, list[Run]] = {name: [] for name in clients}

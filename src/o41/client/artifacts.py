@@ -1128,6 +1128,9 @@ def _get_range(
     if at != end + 1:
         pool.forget(req["url"])
         raise ArtifactError(f"download of bytes {start}-{end} stopped at byte {at}: read it again")
+    if not resp.isclosed() and resp.read():  # a chunked answer's last chunk: read it, so
+        pool.forget(req["url"])  # that the connection takes the next range
+        raise ArtifactError(f"the answer to bytes {start}-{end} went on past them: read it again")
     return at - start
 
 
@@ -1196,6 +1199,13 @@ class _Reading:
             raise ArtifactError(
                 f"location {self.found['location']} answered {resp.getheader('Content-Range')!r}"
                 f" to a request for {expected}: the object changed? read it again"
+            )
+        if resp.chunked or resp.length is None:
+            raise _NoRanges  # framed by chunks or by the close: left to http.client (one GET)
+        if resp.length != self.end + 1 - self.start:
+            raise ArtifactError(
+                f"location {self.found['location']} answered {resp.length} bytes to a request "
+                f"for {expected}: read it again"
             )
         self.sock.setblocking(False)  # from here on, read only what has come
         # reading the head may have buffered body bytes that the socket no longer shows
