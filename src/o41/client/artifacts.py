@@ -3,10 +3,10 @@ the bucket through pre-signed requests, and a broken bucket costs money, not the
 
 Standard library only (``http.client``; zlib-ng's CRC32 when installed): pods import this,
 and the upload path must not depend on a cloud SDK. Large files stream with bounded memory
-(a 1 MiB block per upload thread, 256 KiB per download thread); multipart parts upload in
-parallel, large downloads come as parallel ranges of whole parts, each part checked
-against the CRC32 its writer recorded, both over kept-alive connections (one per thread
-and host).
+(a 1 MiB block per upload thread, 256 KiB per range being read); multipart parts upload in
+parallel, large downloads come as parallel ranges of whole parts (over http all read by
+one thread, as their sockets become readable), each part checked against the CRC32 its
+writer recorded, both over kept-alive connections (one per thread, or range, and host).
 """
 
 from __future__ import annotations
