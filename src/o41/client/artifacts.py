@@ -54,8 +54,8 @@ RANGE_SIZE = 64 * 1024 * 1024
 PARALLEL_RANGES = 4
 # How parallel ranges are read over http: "selectors", one thread reading every range's
 # socket as it becomes readable (measured faster with the control plane on the same 2
-# cores, docs/placement.md "Reads"); "threads", a thread per range. https reads on threads
-# (TLS in a non-blocking loop is not measured here).
+# cores; slower, ~1 GiB/s against ~1.2, when a core is free: docs/placement.md "Reads");
+# "threads", a thread per range. https reads on threads (TLS in that loop: not measured).
 RANGE_READER = "selectors"
 MAX_BEGINS = 6  # each failed location is excluded; the list is short
 # A part's URL is signed again by the service when it has less than this left, in batches
