@@ -8,11 +8,15 @@ service (all on 127.0.0.1), then prints:
   (upload_file/download_file with the default TransferConfig, and with max_concurrency
   matched to ours) vs s5cmd (the ceiling), all to the same versitygw gateway (its own port,
   not the test bed's region router), in alternated rounds: medians, and each client's peak
-  RSS (each runs in a process of its own);
+  RSS (each runs in a process of its own); the downloads also cross the objects (s5cmd
+  reads the object our client wrote, ``s5cmd-ours``; ours reads s5cmd's, ``ours-s5obj``,
+  with each of its 50 MiB parts' CRC32 computed here) and try variants of ours
+  (``--variant NAME:KEY=VALUE,...`` as in bench/reads.py: PARALLEL_RANGES, RANGE_READER);
 - the service's resident memory at rest.
 
     .venv/bin/python bench/placement.py [--seconds 10] [--clients 32] [--mib 1024] [--rounds 5]
     .venv/bin/python bench/placement.py --transfers-only   # skip the begin load
+    .venv/bin/python bench/placement.py --transfers-only --variant sel:RANGE_READER=selectors
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +118,8 @@ class Run:
     gateway_cpu: float  # versitygw's, during the transfer
     load: float = 0.0  # the 1-minute load average when it started
     located: float = 0.0  # of our download's seconds, the service's answer (locate)
+    voluntary: int = 0  # context switches: waits (socket, disk, GIL)
+    involuntary: int = 0  # preemptions (two cores shared with the control plane)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -123,6 +130,20 @@ def cpu_seconds(pid: int) -> float:
 
 MATCHED = PARALLEL_PARTS  # boto3 "matched" uses as many threads as our client
 BUCKET = "o41-bench-baseline"
+S5CMD_PART = 50 * 2**20  # s5cmd's default --part-size
+
+
+def settle(settings: dict[str, str]) -> None:
+    """A variant's settings on the client module (bench/reads.py's keys)."""
+    from o41.client import artifacts
+
+    for key, value in settings.items():
+        if key == "RANGE_READER":
+            artifacts.RANGE_READER = value
+        elif key in ("RANGE_SIZE", "READ_BLOCK"):
+            setattr(artifacts, key, int(float(value) * 2**20))
+        else:
+            setattr(artifacts, key, int(value))
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -132,10 +153,14 @@ def child(spec: dict[str, Any]) -> None:
     if what.startswith("ours"):
         from o41.client.artifacts import Artifacts, download
 
+        settle(spec.get("settings") or {})
         client = Artifacts(spec["service"], spec["token_file"], Place("aws", "us-east-1", "env"))
         t = time.perf_counter()
         if what == "ours-up":
             version = client.write("bench", "big", path).version
+        elif what == "ours-s5obj-down":  # s5cmd's object, as the service would give it
+            download(spec["s5obj"], path)
+            version = ""
         else:  # client.read, its two steps timed apart
             found = client.locate("bench", "big", spec["version"])
             located = time.perf_counter() - t
@@ -170,6 +195,7 @@ class Transfers:
     the same versitygw gateway, alternated round by round."""
 
     CLIENTS = ("ours", "boto3", "boto3-matched", "s5cmd")
+    CROSSED = ("s5cmd-ours", "ours-s5obj")  # downloads only: each reads the other's object
 
     def __init__(
         self,
@@ -179,8 +205,13 @@ class Transfers:
         token_file: Path,
         big: Path,
         work: Path,
+        variants: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.s3, self.gateway, self.big, self.work = s3, gateway, big, work
+        self.variants = variants or {}
+        self.service, self.token_file = service, token_file
+        self.ours_key = ""  # where our client's upload landed: s5cmd-ours reads it
+        self.s5obj: dict[str, Any] = {}
         self.base = {
             "service": service,
             "token_file": str(token_file),
@@ -216,7 +247,7 @@ class Transfers:
         out), else around it (s5cmd starts in milliseconds)."""
         t = time.perf_counter()
         done = subprocess.run(
-            ["/usr/bin/time", "-f", "O41PEAK %M %U %S", *argv],
+            ["/usr/bin/time", "-f", "O41PEAK %M %U %S %w %c", *argv],
             capture_output=True,
             env=self._env(),
             text=True,
@@ -226,10 +257,11 @@ class Transfers:
         if done.returncode != 0:
             raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
         peak = [line for line in done.stderr.splitlines() if line.startswith("O41PEAK ")]
-        _, kib, user, system = peak[-1].split()
+        _, kib, user, system, voluntary, involuntary = peak[-1].split()
         if done.stdout.strip().startswith("{"):
             seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
         self.last_sys = float(system)
+        self.last_switches = int(voluntary), int(involuntary)
         return seconds, int(kib) / 1024, float(user) + float(system), done.stdout
 
     def one(self, name: str, direction: str) -> Run:
@@ -242,31 +274,74 @@ class Transfers:
         down = self.work / f"down-{name}.bin"
         path = self.big if direction == "up" else down
         located = 0.0
-        if name == "s5cmd":
-            url = f"s3://{BUCKET}/big-s5cmd"
+        if name.startswith("s5cmd"):
+            url = f"s3://{BUCKET}/big-s5cmd" if name == "s5cmd" else f"s3://{self.ours_key}"
             src, dst = (str(path), url) if direction == "up" else (url, str(path))
             argv = [self.s5cmd, "--endpoint-url", self.gateway, "cp", src, dst]
             seconds, rss, cpu, _ = self._run(argv)
         else:
-            spec = {**self.base, "what": f"{name}-{direction}", "path": str(path)}
+            what = "ours" if name in self.variants else name
+            spec: dict[str, Any] = {**self.base, "what": f"{what}-{direction}", "path": str(path)}
             spec["version"] = self.version
+            spec["settings"] = self.variants.get(name, {})
+            if name == "ours-s5obj":
+                spec["s5obj"] = self.s5obj
             argv = [sys.executable, __file__, "--child", json.dumps(spec)]
             seconds, rss, cpu, out = self._run(argv)
             located = json.loads(out.strip().splitlines()[-1]).get("located", 0.0)
             if name == "ours" and direction == "up":
                 self.version = json.loads(out.strip().splitlines()[-1])["version"]
+                self._crossed()
         if direction == "down":
             assert down.stat().st_size == self.big.stat().st_size, name
             down.unlink()
         gateway = cpu_seconds(self.gateway_pid) - served
-        return Run(seconds, rss, cpu, self.last_sys, gateway, load, located)
+        vol, invol = self.last_switches
+        return Run(seconds, rss, cpu, self.last_sys, gateway, load, located, vol, invol)
+
+    def _crossed(self) -> None:
+        """Where our upload landed (for s5cmd-ours) and s5cmd's object as the service would
+        give it (for ours-s5obj): a signed GET, its parts' CRC32s."""
+        from o41.client.artifacts import Artifacts, part_checksums
+
+        client = Artifacts(self.service, str(self.token_file), Place("aws", "us-east-1", "env"))
+        found = client.locate("bench", "big", self.version)
+        path = urllib.parse.urlsplit(found["download"]["url"]).path
+        self.ours_key = urllib.parse.unquote(path.lstrip("/"))
+        if not self.s5obj:
+            size = self.big.stat().st_size
+            import boto3
+            from botocore.config import Config
+
+            gw = boto3.client(
+                "s3",
+                endpoint_url=self.gateway,
+                region_name="us-east-1",
+                aws_access_key_id=self.s3.access_key,
+                aws_secret_access_key=self.s3.secret_key,
+                config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+            )
+            url = gw.generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": "big-s5cmd"}, ExpiresIn=7200
+            )
+            self.s5obj = {
+                "version": "s5cmd's",
+                "location": "east",
+                "size": size,
+                "md5": None,
+                "partSize": S5CMD_PART,
+                "crc32": part_checksums(self.big, size, S5CMD_PART),
+                "download": {"method": "GET", "url": url, "headers": {}},
+            }
 
     def run(self, rounds: int) -> dict[tuple[str, str], list[Run]]:
         self.s3.client().create_bucket(Bucket=BUCKET)
         results: dict[tuple[str, str], list[Run]] = {}
+        downs = (*self.CLIENTS[:1], *self.variants, *self.CLIENTS[1:], *self.CROSSED)
         for r in range(rounds):  # alternated: every client sees the same noise
-            order = self.CLIENTS if r % 2 == 0 else tuple(reversed(self.CLIENTS))
             for direction in ("up", "down"):
+                names = self.CLIENTS if direction == "up" else downs
+                order = names if r % 2 == 0 else tuple(reversed(names))
                 for name in order:
                     run = self.one(name, direction)
                     results.setdefault((name, direction), []).append(run)
@@ -274,7 +349,8 @@ class Transfers:
                     print(
                         f"  round {r + 1} {direction:4} {name:14} {mib / run.seconds:6.0f} MiB/s"
                         f"  cpu {run.cpu:5.2f} s (sys {run.sys_cpu:4.2f})  gateway "
-                        f"{run.gateway_cpu:5.2f} s  peak RSS {run.rss:4.0f} MiB  "
+                        f"{run.gateway_cpu:5.2f} s  switches {run.voluntary}/{run.involuntary}"
+                        f"  peak RSS {run.rss:4.0f} MiB  "
                         f"load {run.load:.2f}"
                         + (f"  (locate {run.located:.2f} s)" if run.located else ""),
                         flush=True,
@@ -284,13 +360,15 @@ class Transfers:
 
 def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds: int) -> None:
     print(f"transfers of {mib} MiB to one versitygw gateway, median of {rounds} alternated rounds")
-    print("  (cpu: user + system seconds, median, of the client and of the versitygw gateway)")
+    print("  (cpu: user + system seconds, median, of the client and of the versitygw gateway;")
+    print("  switches: voluntary/involuntary context switches of the client, median)")
     for direction in ("up", "down"):
+        names = [name for (name, d) in results if d == direction]
         rate = {
             name: statistics.median(mib / r.seconds for r in results[(name, direction)])
-            for name in Transfers.CLIENTS
+            for name in names
         }
-        for name in Transfers.CLIENTS:
+        for name in names:
             runs = results[(name, direction)]
             each = " ".join(f"{mib / r.seconds:.0f}" for r in runs)
             print(
@@ -299,6 +377,8 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
                 f"cpu {statistics.median(r.cpu for r in runs):5.2f} s "
                 f"(sys {statistics.median(r.sys_cpu for r in runs):4.2f}), "
                 f"gateway {statistics.median(r.gateway_cpu for r in runs):5.2f} s  "
+                f"switches {statistics.median(r.voluntary for r in runs):.0f}/"
+                f"{statistics.median(r.involuntary for r in runs):.0f}  "
                 f"peak RSS {max(r.rss for r in runs):4.0f} MiB  "
                 f"load {min(r.load for r in runs):.1f}-{max(r.load for r in runs):.1f}"
             )
@@ -312,18 +392,25 @@ def print_transfers(results: dict[tuple[str, str], list[Run]], mib: int, rounds:
                 f"  {'':8} ours without the service's answer (locate, median {located:.2f} s):"
                 f" {bare:.0f} MiB/s, {bare / rate['s5cmd']:.0%} of s5cmd"
             )
-        ratios = [
-            b.seconds / a.seconds
-            for a, b in zip(
-                results[("ours", direction)], results[("s5cmd", direction)], strict=True
-            )
-        ]
         print(
             f"  {'':8} ours vs boto3 {ours / rate['boto3']:.0%}, vs boto3 matched "
-            f"{ours / rate['boto3-matched']:.0%}, vs s5cmd {ours / rate['s5cmd']:.0%} "
-            f"(round by round: {' '.join(f'{x:.2f}' for x in ratios)}, "
-            f"median {statistics.median(ratios):.2f})"
+            f"{ours / rate['boto3-matched']:.0%}"
         )
+        pairs = [(n, "s5cmd") for n in names if n.startswith("ours")]
+        if direction == "down":
+            pairs.append(("ours", "s5cmd-ours"))  # the same object, both clients
+        for mine, theirs in pairs:
+            ratios = [
+                b.seconds / a.seconds
+                for a, b in zip(
+                    results[(mine, direction)], results[(theirs, direction)], strict=True
+                )
+            ]
+            print(
+                f"  {'':8} {mine} vs {theirs} {rate[mine] / rate[theirs]:.0%} "
+                f"(round by round: {' '.join(f'{x:.2f}' for x in ratios)}, "
+                f"median {statistics.median(ratios):.2f})"
+            )
 
 
 # ----------------------------------------------------------------------------------- main
@@ -336,6 +423,7 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5, help="transfers of each, alternated")
     parser.add_argument("--transfers-only", action="store_true", help="skip the begin load")
+    parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,...")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument(
         "--store",
@@ -436,7 +524,11 @@ def main() -> int:
         token_file = work / "token"
         token_file.write_text(token)
         print(f"{os.cpu_count()} cores; load average before {os.getloadavg()}")
-        transfers = Transfers(s3, gateway, service.url, token_file, big, work)
+        variants: dict[str, dict[str, str]] = {}
+        for variant in args.variant:
+            name, _, settings = variant.partition(":")
+            variants[f"ours-{name}"] = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+        transfers = Transfers(s3, gateway, service.url, token_file, big, work, variants)
         results = transfers.run(args.rounds)
         print(f"load average after {os.getloadavg()}")
         if not args.transfers_only:

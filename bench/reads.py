@@ -14,7 +14,7 @@ with the load average then (the machine is shared), then the medians:
 - ``s5cmd``: ``s5cmd cp`` (Go, the fastest S3 client in published comparisons).
 
 Variants of ours try other settings (``--variant NAME:KEY=VALUE,...``, keys RANGE_SIZE
-and READ_BLOCK in MiB, PARALLEL_RANGES, VERIFY=0|1), e.g.
+and READ_BLOCK in MiB, PARALLEL_RANGES, RANGE_READER=threads|selectors, VERIFY=0|1), e.g.
 ``--variant noverify:VERIFY=0 --variant r8:PARALLEL_RANGES=8,RANGE_SIZE=32``.
 ``--dirty N`` writes N MiB to another file before each round and keeps it until the
 next (as bench/placement.py's uploads leave gigabytes to write back), so that the reads
@@ -58,6 +58,8 @@ def child(spec: dict[str, Any]) -> None:
             if key == "VERIFY":
                 if not int(value):
                     found.pop("crc32", None)
+            elif key == "RANGE_READER":
+                artifacts.RANGE_READER = value
             elif key in ("RANGE_SIZE", "READ_BLOCK"):
                 setattr(artifacts, key, int(float(value) * MiB))
             else:
@@ -92,6 +94,8 @@ class Run:
     sys: float
     gateway: float  # versitygw's CPU seconds during the run
     load: float  # 1-minute load average at the start
+    voluntary: int  # context switches: waits (for the socket, the disk, the GIL)
+    involuntary: int  # preemptions (the cores shared with other work)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -99,11 +103,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, float]:
-    """(seconds, peak RSS MiB, user s, system s) of one child (GNU time)."""
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, float, int, int]:
+    """(seconds, peak RSS MiB, user s, system s, voluntary and involuntary context
+    switches) of one child (GNU time)."""
     t = time.perf_counter()
     done = subprocess.run(
-        ["/usr/bin/time", "-f", "O41PEAK %M %U %S", *argv],
+        ["/usr/bin/time", "-f", "O41PEAK %M %U %S %w %c", *argv],
         capture_output=True,
         env=env,
         text=True,
@@ -113,10 +118,10 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, fl
     if done.returncode != 0:
         raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
     peak = [line for line in done.stderr.splitlines() if line.startswith("O41PEAK ")]
-    _, kib, user, system = peak[-1].split()
+    _, kib, user, system, voluntary, involuntary = peak[-1].split()
     if done.stdout.strip().startswith("{"):
         seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
-    return seconds, int(kib) / 1024, float(user), float(system)
+    return seconds, int(kib) / 1024, float(user), float(system), int(voluntary), int(involuntary)
 
 
 def main() -> int:
@@ -202,7 +207,8 @@ def main() -> int:
         print(
             f"{os.cpu_count()} cores; {args.mib} MiB in parts of {part_size // MiB} MiB; ours: "
             f"{artifacts.PARALLEL_RANGES} ranges of {artifacts.RANGE_SIZE // MiB} MiB in "
-            f"blocks of {artifacts.READ_BLOCK // 1024} KiB, each part's CRC32 checked",
+            f"blocks of {artifacts.READ_BLOCK // 1024} KiB ({artifacts.RANGE_READER}), each part's "
+            "CRC32 checked",
             flush=True,
         )
         results: dict[str, list[Run]] = {name: [] for name in clients}
@@ -226,15 +232,17 @@ def main() -> int:
                     what = "ours" if clients[name] is not None else name
                     spec = {**base, "what": what, "path": str(out), "settings": clients[name]}
                     argv = [sys.executable, __file__, "--child", json.dumps(spec)]
-                seconds, rss, user, system = timed(argv, env)
-                run = Run(seconds, rss, user, system, cpu_seconds(gateway_pid) - served, load)
+                seconds, rss, user, system, vol, invol = timed(argv, env)
+                gw = cpu_seconds(gateway_pid) - served
+                run = Run(seconds, rss, user, system, gw, load, vol, invol)
                 assert out.stat().st_size == size, name
                 out.unlink()
                 results[name].append(run)
                 print(
                     f"  round {r + 1} {name:16} {args.mib / seconds:6.0f} MiB/s  "
                     f"{seconds:5.2f} s  user {user:4.2f} sys {system:4.2f} "
-                    f"gateway {run.gateway:4.2f}  peak RSS {rss:4.0f} MiB  load {load:.2f}",
+                    f"gateway {run.gateway:4.2f}  switches {vol}/{invol}  "
+                    f"peak RSS {rss:4.0f} MiB  load {load:.2f}",
                     flush=True,
                 )
         print(f"download of {args.mib} MiB, median of {args.rounds} alternated rounds")
@@ -247,6 +255,8 @@ def main() -> int:
                 f"user {statistics.median(r.user for r in runs):4.2f} "
                 f"sys {statistics.median(r.sys for r in runs):4.2f} "
                 f"gateway {statistics.median(r.gateway for r in runs):4.2f}  "
+                f"switches {statistics.median(r.voluntary for r in runs):.0f}/"
+                f"{statistics.median(r.involuntary for r in runs):.0f}  "
                 f"peak RSS {max(r.rss for r in runs):4.0f} MiB  "
                 f"load {min(r.load for r in runs):.2f}-{max(r.load for r in runs):.2f}"
             )
@@ -255,15 +265,19 @@ def main() -> int:
                 if other != "ours":
                     print(f"  ours vs {other}: {rate['ours'] / rate[other]:.0%}")
         # the same ratio round by round (each round's runs saw the same noise)
-        if "ours" in rate and "s5cmd" in rate:
-            each = [
-                results["s5cmd"][i].seconds / results["ours"][i].seconds for i in range(args.rounds)
-            ]
-            print(
-                "  ours / s5cmd per round: "
-                + " ".join(f"{x:.2f}" for x in each)
-                + f"  (median {statistics.median(each):.2f})"
-            )
+        if "s5cmd" in rate:
+            for name in names:
+                if name in ("s5cmd", "boto3", "boto3-matched"):
+                    continue
+                each = [
+                    results["s5cmd"][i].seconds / results[name][i].seconds
+                    for i in range(args.rounds)
+                ]
+                print(
+                    f"  {name} / s5cmd per round: "
+                    + " ".join(f"{x:.2f}" for x in each)
+                    + f"  (median {statistics.median(each):.2f})"
+                )
     finally:
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
