@@ -365,10 +365,13 @@ class EtcdStore:
                     not write or any(s in details.lower() for s in _NOT_SENT)
                 )
                 if not retry:
-                    raise StoreUnavailable(
-                        f"etcd failed {what}: {code.name} {details}"
-                        + (_MAYBE_APPLIED if write else "")
-                    ) from None
+                    message = f"etcd failed {what}: {code.name} {details}"
+                    if code == grpc.StatusCode.UNAVAILABLE and not nearest:
+                        # a member without a working leader ("leader changed" on a write
+                        # in flight when its majority went): look for one, so the calls
+                        # that follow fail at once if there is none, not after a timeout
+                        self._lost_majority(message)
+                    raise StoreUnavailable(message + (_MAYBE_APPLIED if write else "")) from None
                 tried += 1
                 last = f"; the last refusal: {details}"
                 if self._credentials is not None and "failed to connect" in details.lower():
