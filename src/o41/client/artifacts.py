@@ -1077,6 +1077,27 @@ class _MemorySink:
 _Sink = _FileSink | _MemorySink
 
 
+def _check_head(
+    resp: http.client.HTTPResponse, found: Mapping[str, Any], start: int, end: int
+) -> None:
+    """The answer's status and Content-Range are those of bytes ``start``-``end`` of this
+    object; raises :class:`_NoRanges` when the store answers with the whole object."""
+    size = found["size"]
+    if resp.status == 200 and not (start == 0 and end == size - 1):
+        raise _NoRanges
+    if resp.status not in (200, 206):
+        raise ArtifactError(
+            f"location {found['location']} answered HTTP {resp.status} to the download"
+        )
+    expected = f"bytes {start}-{end}/{size}"
+    answered = resp.getheader("Content-Range", "").replace("bytes=", "bytes ")
+    if resp.status == 206 and answered != expected:
+        raise ArtifactError(
+            f"location {found['location']} answered {resp.getheader('Content-Range')!r}"
+            f" to a request for {expected}: the object changed? read it again"
+        )
+
+
 def _get_range(
     pool: _Pool,
     found: Mapping[str, Any],
@@ -1087,25 +1108,17 @@ def _get_range(
 ) -> int:
     """Bytes ``start`` to ``end`` (inclusive) of the object into ``sink``, each whole part
     checked; raises :class:`_NoRanges` when the store answers with the whole object."""
-    req, size = found["download"], found["size"]
+    req = found["download"]
     headers = {**req["headers"], "Range": f"bytes={start}-{end}"}
     resp = pool.request(req["method"], req["url"], headers)
-    if resp.status == 200 and not (start == 0 and end == size - 1):
+    try:
+        _check_head(resp, found, start, end)
+    except _NoRanges:
         pool.forget(req["url"])  # the store ignores ranges
-        raise _NoRanges
-    if resp.status not in (200, 206):
-        resp.read()
-        raise ArtifactError(
-            f"location {found['location']} answered HTTP {resp.status} to the download"
-        )
-    expected = f"bytes {start}-{end}/{size}"
-    answered = resp.getheader("Content-Range", "").replace("bytes=", "bytes ")
-    if resp.status == 206 and answered != expected:
-        resp.read()
-        raise ArtifactError(
-            f"location {found['location']} answered {resp.getheader('Content-Range')!r}"
-            f" to a request for {expected}: the object changed? read it again"
-        )
+        raise
+    except ArtifactError:
+        resp.read()  # the connection stays usable for the next range
+        raise
     check = _PartCheck(found, start)
     at, block = start, sink.buffer()
     try:
@@ -1186,20 +1199,8 @@ class _Reading:
         """The response's head (it has come: the socket was readable), checked as
         :func:`_get_range` checks it; then the body bytes that came with it."""
         resp = self.resp = self.conn.getresponse()
-        size = self.found["size"]
-        if resp.status == 200 and not (self.start == 0 and self.end == size - 1):
-            raise _NoRanges
-        if resp.status not in (200, 206):
-            raise ArtifactError(
-                f"location {self.found['location']} answered HTTP {resp.status} to the download"
-            )
-        expected = f"bytes {self.start}-{self.end}/{size}"
-        answered = resp.getheader("Content-Range", "").replace("bytes=", "bytes ")
-        if resp.status == 206 and answered != expected:
-            raise ArtifactError(
-                f"location {self.found['location']} answered {resp.getheader('Content-Range')!r}"
-                f" to a request for {expected}: the object changed? read it again"
-            )
+        _check_head(resp, self.found, self.start, self.end)
+        expected = f"bytes {self.start}-{self.end}/{self.found['size']}"
         if resp.chunked or resp.length is None:
             raise _NoRanges  # framed by chunks or by the close: left to http.client (one GET)
         if resp.length != self.end + 1 - self.start:
