@@ -93,6 +93,7 @@ class Usage:
         self.hourly_days, self.daily_days = hourly_days, daily_days
         self._sweep_every = sweep_every
         self._counts: dict[tuple[str, str, Dims], Counter[str]] = defaultdict(Counter)
+        self._flushing = asyncio.Lock()
         self.closed = ClosedPeriods()  # the page's merges of hours and days that are over
         self.open_records = OpenRecords()  # and the parsed records of the open ones
 
@@ -114,14 +115,18 @@ class Usage:
                     log.warning("usage retention not applied (%s); trying again later", e)
 
     async def flush(self) -> None:
-        pending, self._counts = self._counts, defaultdict(Counter)
-        now = time.time()
-        for (org, kind, dims), counts in pending.items():
-            try:
-                await self._merge(org, kind, hour(now), dims, counts)
-            except StoreUnavailable as e:  # keep them for the next flush
-                log.warning("usage not flushed (%s); keeping it for the next try", e)
-                self._counts[(org, kind, dims)].update(counts)
+        """Every count added before this call is in the store when it returns (or kept for
+        the next flush): one flush at a time, so that a usage page's flush waits for the
+        periodic one that already took the counts it must show."""
+        async with self._flushing:
+            pending, self._counts = self._counts, defaultdict(Counter)
+            now = time.time()
+            for (org, kind, dims), counts in pending.items():
+                try:
+                    await self._merge(org, kind, hour(now), dims, counts)
+                except StoreUnavailable as e:  # keep them for the next flush
+                    log.warning("usage not flushed (%s); keeping it for the next try", e)
+                    self._counts[(org, kind, dims)].update(counts)
 
     async def _merge(
         self,
