@@ -154,3 +154,34 @@ async def test_a_damaged_record_is_skipped_not_a_500(aiohttp_client: Any) -> Non
     assert after["writes"] == before["writes"] and after["reads"] == before["reads"]
     page = await client.get(f"/usage?organization={ORG}&window=30d", headers=bearer())
     assert page.status == 200
+
+
+class _HeldStore(MemoryStore):
+    """The embedded store, its transactions held until ``go`` is set: a flush caught
+    mid-merge, as a slow etcd leaves the periodic one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def txn(self, *args: Any, **kwargs: Any) -> Any:
+        self.waiting.set()
+        await self.go.wait()
+        return await super().txn(*args, **kwargs)
+
+
+async def test_a_flush_waits_for_the_one_that_took_its_counts() -> None:
+    store = _HeldStore()
+    usage = Usage(store)
+    usage.add(ORG, "write", DIMS, versions=1, bytes=7)
+    periodic = asyncio.ensure_future(usage.flush())  # takes the counts, then is held
+    await store.waiting.wait()
+    page = asyncio.ensure_future(usage.flush())  # a usage page's, finding nothing pending
+    await asyncio.sleep(0)
+    assert not page.done()  # it must not answer before the counts are in the store
+    store.go.set()
+    await page
+    (in_hour,) = await values(store, period_prefix("hour", hour(time.time()), ORG))
+    assert in_hour["counts"] == {"versions": 1, "bytes": 7}
+    await periodic
