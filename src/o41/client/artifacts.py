@@ -1079,9 +1079,10 @@ _Sink = _FileSink | _MemorySink
 
 def _check_head(
     resp: http.client.HTTPResponse, found: Mapping[str, Any], start: int, end: int
-) -> None:
+) -> str:
     """The answer's status and Content-Range are those of bytes ``start``-``end`` of this
-    object; raises :class:`_NoRanges` when the store answers with the whole object."""
+    object (returned as a Content-Range says it, for the caller's own messages); raises
+    :class:`_NoRanges` when the store answers with the whole object."""
     size = found["size"]
     if resp.status == 200 and not (start == 0 and end == size - 1):
         raise _NoRanges
@@ -1096,6 +1097,7 @@ def _check_head(
             f"location {found['location']} answered {resp.getheader('Content-Range')!r}"
             f" to a request for {expected}: the object changed? read it again"
         )
+    return expected
 
 
 def _get_range(
@@ -1199,8 +1201,7 @@ class _Reading:
         """The response's head (it has come: the socket was readable), checked as
         :func:`_get_range` checks it; then the body bytes that came with it."""
         resp = self.resp = self.conn.getresponse()
-        _check_head(resp, self.found, self.start, self.end)
-        expected = f"bytes {self.start}-{self.end}/{self.found['size']}"
+        expected = _check_head(resp, self.found, self.start, self.end)
         if resp.chunked or resp.length is None:
             raise _NoRanges  # framed by chunks or by the close: left to http.client (one GET)
         if resp.length != self.end + 1 - self.start:
