@@ -346,13 +346,20 @@ def test_an_operation_cut_short_is_not_called_unrun() -> None:
     assert "1001" in str(waited[0]) and "did not answer" in str(waited[0]), waited
 
 
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "answered"])
 def test_a_release_is_not_waited_for_and_is_never_lost(
-    service: ServiceThread, caplog: pytest.LogCaptureFixture
+    service: ServiceThread,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    quiet: bool,
 ) -> None:
-    """A lock's release is sent without waiting (its answer is read before the next
-    one's): another client gets the lock; a release whose answer went with the
-    connection is sent again, waiting; one the service refused is sent again and its
-    failure logged; closing the transport reads what is still unanswered."""
+    """A lock's release is sent without waiting: quiet (answered only if refused) where the
+    service takes it, else its answer is read before the next one's. Another client gets
+    the lock; a release sent before the connection broke is sent again, waiting; one the
+    service refused is sent again and its failure logged; closing the transport learns
+    what is still unanswered first."""
+    if not quiet:  # as a service from before quiet messages: it chooses no subprotocol
+        monkeypatch.setattr(routes, "PROTOCOL", "o41.collections.v1")
     client, other = service.client(), service.client()
     transport = transport_of(client)
     holder = f"/o41/collections/team-a/{client.compute}/lock/l/holder".encode()
@@ -360,10 +367,12 @@ def test_a_release_is_not_waited_for_and_is_never_lost(
     assert lock.acquire(timeout=0)
     lock.release()
     conn = transport._local.conn
-    assert len(conn.deferred) == 1  # sent, its answer not read yet
+    assert conn.quiet is quiet
+    pending = conn.unconfirmed if quiet else conn.deferred
+    assert len(pending) == 1  # sent, not known to be taken yet
     with other.lock("l", timeout=10) as theirs:  # no one is kept waiting by it
         assert theirs.token > 0
-    assert client.dict("d").get("x") is None and not conn.deferred  # read on the way
+    assert client.dict("d").get("x") is None and not pending  # answered before it: taken
 
     # the connection breaks after the release was sent: it is sent again
     assert lock.acquire(timeout=10)
@@ -378,6 +387,48 @@ def test_a_release_is_not_waited_for_and_is_never_lost(
     transport.send_later(client.compute, "lock", "l", "release", {"owner": "x", "token": 0})
     assert client.dict("d")["x"] == 1  # the operation at hand is answered as ever
     assert "failed again" in caplog.text and "token" in caplog.text
+    caplog.clear()
+
+    # closing learns the fate of what was sent last: taken, or refused and sent again
     lock.release()
-    transport.close()  # reads the release's answer before it closes
+    transport.send_later(client.compute, "lock", "l", "release", {"owner": "y", "token": 0})
+    transport.close()
     wait_for(lambda: service.run(service.store.get(holder)) is None, 5, "the release")
+    assert "failed again" in caplog.text
+
+
+def test_a_quiet_message_is_answered_only_when_refused_and_a_ping_comes_after(
+    service: ServiceThread,
+) -> None:
+    """The protocol itself: a quiet operation the service ran gets no answer, a refused one
+    is answered with its id, and a ping is answered after every message before it."""
+
+    async def talk() -> tuple[str | None, list[Any]]:
+        got: list[Any] = []
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                service.url + routes.WS_ROUTE,
+                headers={"Authorization": "Bearer token-a"},
+                protocols=(routes.PROTOCOL,),
+                autoping=False,
+            ) as ws,
+        ):
+            await ws.send_str(op("q1", op="set", args={"key": "sk", "value": "aGk="}, quiet=True))
+            await ws.send_str(op("q2", op="set", args={"key": "sk", "value": "!!"}, quiet=True))
+            await ws.send_str(op("q3", op="delete", args={"key": "sk"}, quiet=True))
+            await ws.ping(b"sync")
+            while (answer := await ws.receive(timeout=30)).type is not WSMsgType.PONG:
+                got.append(json.loads(answer.data))
+            got.append(("pong", answer.data))
+            await ws.send_str(op(4, args={"key": "sk"}))
+            got.append(json.loads((await ws.receive(timeout=30)).data))
+            return ws.protocol, got
+
+    protocol, got = service.run(talk())
+    assert protocol == routes.PROTOCOL
+    assert got[0]["id"] == "q2" and got[0]["status"] == 400 and "base64" in got[0]["error"]
+    assert got[1:] == [
+        ("pong", b"sync"),
+        {"id": 4, "status": 200, "result": {"found": False, "value": None}},
+    ]

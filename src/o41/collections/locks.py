@@ -508,6 +508,9 @@ class Locks:
         known = view is not None and not view.broken and view.first() is not None
         if known or "session" not in args or prefix in self._leaving:
             self._leave(prefix, leaving)  # handed over now (or an old client's own lease)
+            # the hand-over's transaction leaves before this answer: the next holder
+            # waits on the transaction, nobody on the answer
+            await asyncio.sleep(0)
         else:  # an acquire through this replica within LINGER takes it over in one txn
             self._leaving[prefix] = leaving
             leaving.timer = asyncio.get_running_loop().call_later(

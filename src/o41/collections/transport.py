@@ -132,6 +132,9 @@ class Transport(Protocol):
 
 WS_PATH = "/v1/collections"
 RECONNECT = 4000  # the service's close code: the operation in flight was not run
+PROTOCOL = b"o41.collections.v2"  # a service that takes quiet messages chooses it
+_SYNC = b"o41: answers so far"  # a ping's payload: its pong comes after every answer before
+_Sent = tuple[str, str, str, str, dict[str, Any]]  # compute, kind, name, op, args
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455's
 _TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
 
@@ -165,8 +168,12 @@ class _Connection:
         self.used_at = time.monotonic()
         self.fresh = True
         self.websocket = False
+        self.quiet = False  # the service answers a quiet message only when it refuses it
         # operations sent without waiting for their answers, which come first (in order)
-        self.deferred: list[tuple[str, str, str, str, dict[str, Any]]] = []
+        self.deferred: list[_Sent] = []
+        # quiet operations sent since the last answer, by id: answered only if refused
+        self.unconfirmed: dict[str, _Sent] = {}
+        self.sent = 0  # quiet messages sent: their ids
 
     def dropped(self) -> bool:
         """The server closed this idle connection (readable before we asked: EOF, or a
@@ -222,7 +229,8 @@ class _Connection:
         key = base64.b64encode(os.urandom(16))
         self.sock.sendall(
             head.encode() + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " + PROTOCOL + b"\r\n"
+            b"Sec-WebSocket-Key: " + key + b"\r\n\r\n"
         )
         status, headers = self._head()
         if status != 101:
@@ -231,6 +239,7 @@ class _Connection:
         if headers.get(b"sec-websocket-accept") != accept:
             raise ConnectionResetError("the WebSocket handshake's answer does not match")
         self.websocket = True
+        self.quiet = headers.get(b"sec-websocket-protocol") == PROTOCOL
         return status, b""
 
     def send(self, payload: bytes, opcode: int = _TEXT) -> None:
@@ -248,9 +257,10 @@ class _Connection:
         masked = (int.from_bytes(payload, "big") ^ int.from_bytes(pad, "big")).to_bytes(n, "big")
         self.sock.sendall(head + mask + masked)
 
-    def receive(self) -> bytes:
+    def receive(self, pong: bytes | None = None) -> bytes:
         """The next data message (pings answered on the way); :class:`_Closed` if the
-        service closed the WebSocket instead."""
+        service closed the WebSocket instead. ``pong``: or b"" once a pong of that payload
+        came."""
         parts: list[bytes] = []
         while True:
             first, second = self._exactly(2)
@@ -268,7 +278,10 @@ class _Connection:
                 raise _Closed(code, data[2:].decode(errors="replace"))
             if opcode == _PING:
                 self.send(data, _PONG)
-            elif opcode != _PONG:
+            elif opcode == _PONG:
+                if pong is not None and data == pong and not parts:
+                    return b""
+            else:
                 parts.append(data)
                 if first & 0x80:  # the message's last frame
                     self.used_at = time.monotonic()
@@ -343,7 +356,7 @@ class HttpTransport:
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and (
             time.monotonic() - conn.used_at > IDLE_CONNECTION
-            or (not conn.deferred and conn.dropped())  # else answers are there to read
+            or (not conn.deferred and not conn.unconfirmed and conn.dropped())  # else answers
         ):
             self._drop(conn)
             conn = None
@@ -396,7 +409,7 @@ class HttpTransport:
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
             conn.send(json.dumps(message, separators=(",", ":")).encode())
             self._settle(conn)
-            answer = json.loads(conn.receive())
+            answer = self._answer(conn)
             if not isinstance(answer, dict):
                 raise ValueError("the answer is not a JSON object")
             status = answer.get("status", 0)
@@ -411,6 +424,33 @@ class HttpTransport:
         if status != 200:
             return status, None, _message(status, data)
         return status, json.loads(data), ""
+
+    def _answer(self, conn: _Connection) -> Any:
+        """The answer to the operation just sent: refusals of quiet operations sent before
+        it come first (by their ids; each is sent again, waiting, after this one), and
+        those not refused by then were taken (answers come in order)."""
+        while True:
+            answer = json.loads(conn.receive())
+            ident = answer.get("id") if conn.unconfirmed and isinstance(answer, dict) else None
+            refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
+            if refused is None:
+                conn.unconfirmed.clear()
+                return answer
+            self._redo().append(refused)
+
+    def _confirm(self, conn: _Connection) -> None:
+        """Learn which quiet operations were refused without sending one: a ping, whose
+        pong the service sends after the answers to every message before it."""
+        if not conn.unconfirmed:
+            return
+        conn.send(_SYNC, _PING)
+        while message := conn.receive(pong=_SYNC):
+            answer = json.loads(message)
+            ident = answer.get("id") if isinstance(answer, dict) else None
+            refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
+            if refused is not None:
+                self._redo().append(refused)
+        conn.unconfirmed.clear()
 
     def _settle(self, conn: _Connection) -> None:
         """Read the answers of the operations sent without waiting (they come before the
@@ -443,25 +483,42 @@ class HttpTransport:
 
     def send_later(self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]) -> None:
         """Send an idempotent operation without waiting for its answer (a lock's early
-        release): the answer is read before the next operation's on this thread's
-        connection, and the operation sent again, waiting, if it was refused or the
-        connection went before its answer. Over HTTP POSTs: :meth:`call`."""
+        release): sent quiet where the service takes it (answered only if refused), else
+        its answer is read before the next operation's on this thread's connection; it is
+        sent again, waiting, if it was refused or the connection went before the next
+        answer. Over HTTP POSTs: :meth:`call`."""
         conn = self._connection()
         if not conn.websocket:
             self.call(compute, kind, name, op, args)
             return
-        message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
+        message: dict[str, Any] = {
+            "compute": compute,
+            "kind": kind,
+            "name": name,
+            "op": op,
+            "args": args,
+        }
+        ident = ""
+        if conn.quiet:  # answered only if refused: no answer to wake this thread for
+            conn.sent += 1
+            ident = f"q{conn.sent}"
+            message.update(id=ident, quiet=True)
         try:
             conn.send(json.dumps(message, separators=(",", ":")).encode())
         except OSError:
             self._drop(conn)
             self.call(compute, kind, name, op, args)
             return
-        conn.deferred.append((compute, kind, name, op, args))
+        if conn.quiet:
+            conn.unconfirmed[ident] = (compute, kind, name, op, args)
+        else:
+            conn.deferred.append((compute, kind, name, op, args))
 
     def _drop(self, conn: _Connection) -> None:
-        self._redo().extend(conn.deferred)  # their answers are lost: send them again
+        # their answers are lost: send them again
+        self._redo().extend([*conn.deferred, *conn.unconfirmed.values()])
         conn.deferred.clear()
+        conn.unconfirmed.clear()
         conn.close()
         self._local.conn = None
 
@@ -470,6 +527,7 @@ class HttpTransport:
         if conn is not None:
             with contextlib.suppress(OSError, ValueError, IndexError, _Closed):
                 self._settle(conn)
+                self._confirm(conn)
             self._drop(conn)
             if self._redo():
                 with contextlib.suppress(CollectionError):

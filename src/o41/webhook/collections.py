@@ -8,10 +8,15 @@ operation's arguments (values base64, keys in their canonical text: see
 HTTP's cost per request (half the service's CPU per operation): each text message is
 ``{"id", "compute", "kind", "name", "op", "args"}`` and is answered, in order, by
 ``{"id", "status": 200, "result"}`` or ``{"id", "status", "error"}`` with the status the
-POST would have had. The token is checked at the upgrade and again every
-:data:`RECHECK` seconds. The service closes a WebSocket only between operations, with
-:data:`RECONNECT` (idle, token no longer accepted, shutting down): a close in place of an
-answer means the operation was not run, and the client sends it again on a new connection.
+POST would have had. A message with ``"quiet": true`` is answered only when refused (a
+lock's early release: the client does not wait for it, and an answer would only wake it
+up); a client knows the service takes quiet messages when it chose the subprotocol
+:data:`PROTOCOL` at the upgrade (a WebSocket ping is answered after every message before
+it, so a client that must know reads up to its pong). The token is checked at the
+upgrade and again every :data:`RECHECK` seconds. The service closes a WebSocket only
+between operations, with :data:`RECONNECT` (idle, token no longer accepted, shutting
+down): a close in place of an answer means the operation was not run, and the client
+sends it again on a new connection.
 
 The namespace is the authenticated caller's (its ServiceAccount token), never the
 request's: two namespaces with the same compute and collection names share nothing.
@@ -66,6 +71,7 @@ RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's 
 IDLE = 120.0  # seconds without a message before the service closes a WebSocket
 RECONNECT = 4000  # close code: the operation in flight, if any, was not run; send it again
 MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to spare
+PROTOCOL = "o41.collections.v2"  # the WebSocket subprotocol: v1 and quiet messages
 
 
 @dataclass
@@ -231,7 +237,9 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     """Operations over one WebSocket, one at a time, answered in order; see the module
     docstring for the messages and when the service closes it."""
     engine = _engine(request)
-    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, compress=False, autoping=True)
+    ws = web.WebSocketResponse(
+        max_msg_size=MAX_MESSAGE, compress=False, autoping=True, protocols=(PROTOCOL,)
+    )
     if not ws.can_prepare(request).ok:
         raise problem(
             400,
@@ -279,7 +287,8 @@ class _Session:
                     self.engine, who.namespace, message.data, holder.quota, self.credential
                 )
                 try:
-                    await ws.send_str(answer)
+                    if answer is not None:
+                        await ws.send_str(answer)
                 except ConnectionError:
                     break  # the client went away while its operation ran
                 holder.sockets[ws], running = time.monotonic(), False
@@ -310,8 +319,9 @@ async def _answer(
     data: str,
     quota: Quota | None = None,
     credential: auth.Credential | None = None,
-) -> str:
-    """The answer to one WebSocket message, refusals included (the socket stays open)."""
+) -> str | None:
+    """The answer to one WebSocket message, refusals included (the socket stays open);
+    None for a quiet message that was not refused."""
     try:
         check_depth(data, what="the message")
         message = json.loads(data)
@@ -336,6 +346,8 @@ async def _answer(
     except Exception:
         log.exception("unexpected error on a collections WebSocket")
         return _refusal(ident, 500, "internal error; it has been logged")
+    if message.get("quiet") is True:
+        return None
     return json.dumps({"id": ident, "status": 200, "result": result})
 
 
