@@ -488,7 +488,8 @@ async def test_waiters_arriving_during_a_hold_ride_the_hand_over() -> None:
     await asyncio.sleep(0)
     store.txns = 0
     release = {"owner": "o0", "token": held["token"], "session": "s0", "early": True}
-    await call(engine, "lock", "l", "release", **release)
+    assert await call(engine, "lock", "l", "release", **release) == {"accepted": True}
+    assert store.txns == 1  # the hand-over left for etcd before the release was answered
     got = await first
     assert got["acquired"]
     assert store.txns == 1  # the hand-over, with the two arrivals' keys

@@ -134,6 +134,7 @@ WS_PATH = "/v1/collections"
 RECONNECT = 4000  # the service's close code: the operation in flight was not run
 PROTOCOL = b"o41.collections.v2"  # a service that takes quiet messages chooses it
 _SYNC = b"o41: answers so far"  # a ping's payload: its pong comes after every answer before
+CONFIRM_WITHIN = 5.0  # seconds closing waits for that pong
 _Sent = tuple[str, str, str, str, dict[str, Any]]  # compute, kind, name, op, args
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455's
 _TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
@@ -443,6 +444,7 @@ class HttpTransport:
         pong the service sends after the answers to every message before it."""
         if not conn.unconfirmed:
             return
+        conn.sock.settimeout(CONFIRM_WITHIN)  # else they are sent again, waiting
         conn.send(_SYNC, _PING)
         while message := conn.receive(pong=_SYNC):
             answer = json.loads(message)
