@@ -293,6 +293,20 @@ def measurements(raw: RawEtcd, service: Service, workers: int, per_round: int) -
     return found
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far, by kind (``/proc/stat``'s first line, in ticks)."""
+    return [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def steal_share(before: list[int], after: list[int]) -> str:
+    """What the hypervisor gave other machines of these CPUs' time meanwhile (``steal``):
+    on a VM with busy neighbours every figure moves with it, raw etcd's included."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent[:8])  # user .. steal; guest time is counted in user already
+    share = spent[7] / total if total else 0.0
+    return f"steal {share:.1%} of CPU time, load average {os.getloadavg()[0]:.2f} at the end"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=3000, help="operations per measurement")
@@ -316,7 +330,9 @@ def main() -> int:
             print(f"etcd: 3 members on {LOOPBACK} {how}, leader {leader}; {os.cpu_count()} CPUs")
             raw = RawEtcd(leader, tls)
             each = measurements(raw, Service(service.url), args.workers, args.ops // args.rounds)
+            before = cpu_times()
             rounds = [[m(args.ops // args.rounds) for m in each] for _ in range(args.rounds)]
+            stolen = steal_share(before, cpu_times())
         finally:
             if raw is not None:
                 raw.close()
@@ -326,7 +342,8 @@ def main() -> int:
     results = [Result.merged(column) for column in zip(*rounds, strict=True)]
     print(
         f"{args.rounds} rounds of every measurement, one after the other, pooled "
-        "(so both sides of each ratio see the same moments of a shared machine)"
+        "(so both sides of each ratio see the same moments of a shared machine); "
+        f"{stolen}"
     )
     print(f"{'':<28} {'workers':>7} {'p50 ms':>9} {'p99 ms':>9} {'ops/s':>10}")
     for r in results:
