@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from typing import Any, Protocol
 
-from o41.collections import values
+from o41.collections import values, wire
 
 _log = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ class HttpTransport:
         """One operation on ``conn``: the status, the result (200) or the error message."""
         if conn.websocket:
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
-            conn.send(json.dumps(message, separators=(",", ":")).encode())
+            conn.send(wire.dumps(message))
             self._settle(conn)
             answer = self._answer(conn)
             if not isinstance(answer, dict):
@@ -431,7 +431,7 @@ class HttpTransport:
         it come first (by their ids; each is sent again, waiting, after this one), and
         those not refused by then were taken (answers come in order)."""
         while True:
-            answer = json.loads(conn.receive())
+            answer = wire.loads(conn.receive())
             ident = answer.get("id") if conn.unconfirmed and isinstance(answer, dict) else None
             refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
             if refused is None:
@@ -447,7 +447,7 @@ class HttpTransport:
         conn.sock.settimeout(CONFIRM_WITHIN)  # else they are sent again, waiting
         conn.send(_SYNC, _PING)
         while message := conn.receive(pong=_SYNC):
-            answer = json.loads(message)
+            answer = wire.loads(message)
             ident = answer.get("id") if isinstance(answer, dict) else None
             refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
             if refused is not None:
@@ -458,7 +458,7 @@ class HttpTransport:
         """Read the answers of the operations sent without waiting (they come before the
         next one's); one refused is sent again, waiting, after the operation at hand."""
         while conn.deferred:
-            answer = json.loads(conn.receive())
+            answer = wire.loads(conn.receive())
             sent = conn.deferred.pop(0)
             if not isinstance(answer, dict) or answer.get("status") != 200:
                 self._redo().append(sent)
@@ -506,7 +506,7 @@ class HttpTransport:
             ident = f"q{conn.sent}"
             message.update(id=ident, quiet=True)
         try:
-            conn.send(json.dumps(message, separators=(",", ":")).encode())
+            conn.send(wire.dumps(message))
         except OSError:
             self._drop(conn)
             self.call(compute, kind, name, op, args)

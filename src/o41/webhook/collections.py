@@ -52,6 +52,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from o41.collections import wire
 from o41.collections.checks import BadRequest, CollectionError, Full, Unavailable
 from o41.collections.engine import Engine
 from o41.jsonlimits import TooDeep, check_depth
@@ -324,7 +325,7 @@ async def _answer(
     None for a quiet message that was not refused."""
     try:
         check_depth(data, what="the message")
-        message = json.loads(data)
+        message = wire.loads(data)
     except TooDeep as e:
         return _refusal(None, 400, str(e))
     except ValueError:
@@ -348,7 +349,7 @@ async def _answer(
         return _refusal(ident, 500, "internal error; it has been logged")
     if message.get("quiet") is True:
         return None
-    return json.dumps({"id": ident, "status": 200, "result": result})
+    return wire.dumps({"id": ident, "status": 200, "result": result}).decode()
 
 
 def _refusal(ident: object, status: int, error: str, retry_after: int | None = None) -> str:
