@@ -4,9 +4,12 @@ the standard library where it cannot.
 A message is encoded and decoded once on each side of every operation; orjson does that
 in a tenth of the time (an operation's message 0.3 us against 4.8, an answer 0.5 against
 3.4), which took 20-50 us off an eventual get's round trip (bench/sky_hop.py, stop 27). What
-orjson refuses (an integer past 64 bits, text that is not UTF-8) goes to the standard
-library, so every message means what it meant before and every refusal reads as before.
-Without orjson installed, the standard library does it all.
+orjson refuses (an integer past 64 bits, text that is not UTF-8 such as a lone surrogate;
+reading: NaN, a number past 64 bits) goes to the standard library, so those messages mean
+what they meant before and every refusal reads as before. One difference is left: orjson
+writes a float NaN as null where the standard library wrote NaN; in this protocol only a
+timeout is a float, and the service refuses null there as it refused NaN (400, "a number
+of seconds >= 0"). Without orjson installed, the standard library does it all.
 """
 
 from __future__ import annotations
