@@ -1,6 +1,6 @@
 """How the collection objects reach the service: two transports, one behaviour.
 
-:class:`HttpTransport` talks to the placement service (standard library only, one
+:class:`HttpTransport` talks to the placement service (the standard library, one
 keep-alive connection per thread, a WebSocket when the service takes it);
 :class:`EmbeddedTransport` runs the service's own engine
 on the embedded store in a thread of this process (laptops, tests, demos). Refusals come
