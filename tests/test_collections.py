@@ -406,10 +406,11 @@ def test_queue_drained_by_concurrent_pollers_delivers_each_item_once(client: Cli
     def poll(_: int) -> list[tuple[int, int]]:
         q, got = client.queue("work"), []
         while True:
+            finished = done.is_set()  # before the poll: every offer was made by then
             item = q.poll()
             if item is not None:
                 got.append(item)
-            elif done.is_set() and q.poll() is None:
+            elif finished:  # (a second poll here used to drop the item it found)
                 return got
 
     with ThreadPoolExecutor(producers + pollers) as pool:
