@@ -132,7 +132,7 @@ class Transport(Protocol):
 
 WS_PATH = "/v1/collections"
 RECONNECT = 4000  # the service's close code: the operation in flight was not run
-PROTOCOL = b"o41.collections.v2"  # a service that takes quiet messages chooses it
+PROTOCOL = wire.PROTOCOL.encode()  # a service that takes quiet messages chooses it
 _SYNC = b"o41: answers so far"  # a ping's payload: its pong comes after every answer before
 CONFIRM_WITHIN = 5.0  # seconds closing waits for that pong
 _Sent = tuple[str, str, str, str, dict[str, Any]]  # compute, kind, name, op, args
@@ -432,12 +432,9 @@ class HttpTransport:
         those not refused by then were taken (answers come in order)."""
         while True:
             answer = wire.loads(conn.receive())
-            ident = answer.get("id") if conn.unconfirmed and isinstance(answer, dict) else None
-            refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
-            if refused is None:
+            if not self._refused(conn, answer):
                 conn.unconfirmed.clear()
                 return answer
-            self._redo().append(refused)
 
     def _confirm(self, conn: _Connection) -> None:
         """Learn which quiet operations were refused without sending one: a ping, whose
@@ -447,12 +444,17 @@ class HttpTransport:
         conn.sock.settimeout(CONFIRM_WITHIN)  # else they are sent again, waiting
         conn.send(_SYNC, _PING)
         while message := conn.receive(pong=_SYNC):
-            answer = wire.loads(message)
-            ident = answer.get("id") if isinstance(answer, dict) else None
-            refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
-            if refused is not None:
-                self._redo().append(refused)
+            self._refused(conn, wire.loads(message))
         conn.unconfirmed.clear()
+
+    def _refused(self, conn: _Connection, answer: Any) -> bool:
+        """Whether ``answer`` refuses a quiet operation sent on ``conn`` (found by its id);
+        if so, that operation is sent again, waiting, after the one at hand."""
+        ident = answer.get("id") if conn.unconfirmed and isinstance(answer, dict) else None
+        refused = conn.unconfirmed.pop(ident, None) if isinstance(ident, str) else None
+        if refused is not None:
+            self._redo().append(refused)
+        return refused is not None
 
     def _settle(self, conn: _Connection) -> None:
         """Read the answers of the operations sent without waiting (they come before the

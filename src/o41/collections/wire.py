@@ -22,6 +22,7 @@ try:
 except ImportError:  # pragma: no cover - a dependency; the standard library still works
     orjson = None  # type: ignore[assignment]
 
+PROTOCOL = "o41.collections.v2"  # the WebSocket subprotocol: v1 and quiet messages
 FAST = orjson is not None  # whether orjson does the work
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 

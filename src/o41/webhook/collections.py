@@ -72,7 +72,7 @@ RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's 
 IDLE = 120.0  # seconds without a message before the service closes a WebSocket
 RECONNECT = 4000  # close code: the operation in flight, if any, was not run; send it again
 MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to spare
-PROTOCOL = "o41.collections.v2"  # the WebSocket subprotocol: v1 and quiet messages
+PROTOCOL = wire.PROTOCOL  # the WebSocket subprotocol (tests set another)
 
 
 @dataclass
