@@ -19,7 +19,9 @@ Every measurement is made in ``--rounds`` slices, one round after the other, and
 on a shared machine a slow minute then weighs on raw etcd and the service alike. The ratio
 of each round is printed too. For reference it also times raw calls paced 0.3 ms apart: a
 service's etcd calls are never back to back (a round trip from its client apart), and an
-idle etcd and gRPC take longer to answer.
+idle etcd and gRPC take longer to answer; and the floor of any aiohttp service: a bare
+WebSocket handler that makes the raw call and answers a fixed text, called over a plain
+socket (the issue's "one raw etcd call plus the hop to the service", measured).
 
 ``--tls``: etcd speaks TLS and asks for client certificates (``--client-cert-auth``), as a
 production etcd does; the service and the raw calls show it one, and the ceiling is the
@@ -32,7 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import socket
+import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,11 +60,12 @@ from o41.state import EtcdTls  # noqa: E402
 from o41.state.etcd import connection_settings  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.process import LOOPBACK  # noqa: E402
+from o41.testbed.process import LOOPBACK, free_port  # noqa: E402
 from o41.testbed.product import CollectionsProcess  # noqa: E402
 
 VALUE = b"v" * 64
 PACE = 0.0003  # seconds
+FLOOR_PUT, FLOOR_GET = "bare handler + raw put", "bare handler + raw get"
 
 
 @dataclass
@@ -162,6 +169,109 @@ class RawEtcd:
         self.loop.close()
 
 
+# the floor of any aiohttp service: a bare WebSocket handler making one etcd call a message
+
+BARE_ANSWER = '{"id":null,"status":200,"result":{}}'
+BARE = f"""
+import asyncio, sys
+import grpc.aio
+from aiohttp import web
+from aetcd import rpc
+port, target = int(sys.argv[1]), sys.argv[2]
+VALUE = b"v" * 64
+BARE_ANSWER = {BARE_ANSWER!r}
+async def main():
+    kv = rpc.KVStub(grpc.aio.insecure_channel(target))
+    n = 0
+    async def ws(request):
+        nonlocal n
+        w = web.WebSocketResponse(compress=False)
+        await w.prepare(request)
+        async for message in w:
+            n += 1
+            key = b"/bench/floor/%d" % (n % 500)
+            if message.data == "put":
+                await kv.Put(rpc.PutRequest(key=key, value=VALUE), timeout=5)
+            else:
+                await kv.Range(rpc.RangeRequest(key=key), timeout=5)
+            await w.send_str(BARE_ANSWER)
+        return w
+    app = web.Application()
+    app.router.add_get("/", ws)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, {LOOPBACK!r}, port).start()
+    for i in range(500):
+        await kv.Put(rpc.PutRequest(key=b"/bench/floor/%d" % i, value=VALUE))
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class BareHandler:
+    """The physical limit of a strong operation through any aiohttp service, measured:
+    a bare aiohttp WebSocket handler (no engine, checks or JSON) that makes the raw call
+    (aetcd's stubs, on the leader, as the service's store calls them) and answers a fixed
+    text, called from one thread over a plain socket (prebuilt frames, no client library).
+    Its own process, as the service is; stopped by its pid."""
+
+    def __init__(self, target: str) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", BARE, str(self.port), target], stdout=subprocess.PIPE
+        )
+        try:
+            self.sock = self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self) -> socket.socket:
+        """Once the handler says it is ready: a WebSocket to it (a plain socket)."""
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the bare handler did not start")
+        sock = socket.create_connection((LOOPBACK, self.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(
+            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+        return sock
+
+    def measure(self, name: str, op: str) -> Measure:
+        frame = struct.pack("!BB", 0x81, 0x80 | len(op)) + b"\0\0\0\0" + op.encode()
+        answer = 2 + len(BARE_ANSWER)  # its frame: two bytes of header, the text
+        sock = self.sock
+
+        def run(ops: int) -> Result:
+            latencies: list[float] = []
+            began = time.perf_counter()
+            for _ in range(ops):
+                started = time.perf_counter()
+                sock.sendall(frame)
+                got = 0
+                while got < answer:  # one read on loopback, almost always
+                    data = sock.recv(answer - got)
+                    if not data:
+                        raise ConnectionResetError("the bare handler closed the connection")
+                    got += len(data)
+                latencies.append(time.perf_counter() - started)
+            return Result(name, 1, latencies, time.perf_counter() - began)
+
+        return run
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.sock.close()
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
 # the service, from threads as pods would call it
 
 
@@ -256,11 +366,15 @@ def queue_poll(name: str, fill: int) -> Callable[[Client, int, int], object]:
     return op
 
 
-def measurements(raw: RawEtcd, service: Service, workers: int, per_round: int) -> list[Measure]:
+def measurements(
+    raw: RawEtcd, bare: BareHandler | None, service: Service, workers: int, per_round: int
+) -> list[Measure]:
     """Every measurement, in the order of one round."""
     found: list[Measure] = []
     for n in (1, workers):
         found += [raw.measure("raw etcd put", n, "put"), raw.measure("raw etcd get", n, "get")]
+        if n == 1 and bare is not None:
+            found += [bare.measure(FLOOR_PUT, "put"), bare.measure(FLOOR_GET, "get")]
         for consistency in ("strong", "eventual"):
             found += [
                 service.measure(f"dict set {consistency}", n, dict_set(consistency)),
@@ -323,17 +437,24 @@ def main() -> int:
             cluster.endpoints, Path(tmp) / "service.log", env=tls.environment() if tls else {}
         )
         raw: RawEtcd | None = None
+        bare: BareHandler | None = None
         try:
             service.start()
             leader = cluster.endpoints[cluster.leader()]
             how = "over TLS with client certificates" if tls else "over plain HTTP/2"
             print(f"etcd: 3 members on {LOOPBACK} {how}, leader {leader}; {os.cpu_count()} CPUs")
             raw = RawEtcd(leader, tls)
-            each = measurements(raw, Service(service.url), args.workers, args.ops // args.rounds)
+            if tls is None:  # the bare handler speaks plain HTTP/2 to etcd
+                bare = BareHandler(raw.target)
+            each = measurements(
+                raw, bare, Service(service.url), args.workers, args.ops // args.rounds
+            )
             before = cpu_times()
             rounds = [[m(args.ops // args.rounds) for m in each] for _ in range(args.rounds)]
             stolen = steal_share(before, cpu_times())
         finally:
+            if bare is not None:
+                bare.close()
             if raw is not None:
                 raw.close()
             service.stop()
@@ -364,6 +485,12 @@ def main() -> int:
         f"strong get / raw get {spread('dict get strong', 'raw etcd get')}, "
         f"lock / raw put {spread('lock acquire+release (one)', 'raw etcd put')}, "
         f"poll / raw put {spread('queue poll strong (one)', 'raw etcd put')}"
+        + (
+            f", bare handler + put / raw put {spread(FLOOR_PUT, 'raw etcd put')}, "
+            f"bare handler + get / raw get {spread(FLOOR_GET, 'raw etcd get')}"
+            if (FLOOR_PUT, 1) in by
+            else ""
+        )
     )
     lock, poll = "lock acquire+release (one)", "queue poll strong (one)"
     for k, one in enumerate(by_round, 1):
@@ -443,6 +570,16 @@ def main() -> int:
         )
     else:
         print("(the ceiling is aetcd's stubs called directly: aetcd.Client cannot speak TLS)")
+    if (FLOOR_PUT, 1) in by:
+        print(
+            "(the floor of any aiohttp service, a bare handler making the raw call: put "
+            f"{ratio(FLOOR_PUT, 'raw etcd put'):.2f}x a raw put, get "
+            f"{ratio(FLOOR_GET, 'raw etcd get'):.2f}x a raw get; the service's strong set "
+            f"{ratio('dict set strong', FLOOR_PUT):.2f}x that floor, strong get "
+            f"{ratio('dict get strong', FLOOR_GET):.2f}x, lock acquire+release "
+            f"{ratio('lock acquire+release (one)', FLOOR_PUT):.2f}x, poll "
+            f"{ratio('queue poll strong (one)', FLOOR_PUT):.2f}x)"
+        )
     ok = True
     for what, value, target in checks:
         bound = float(target.split()[1])
