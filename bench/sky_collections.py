@@ -61,7 +61,7 @@ from o41.state.etcd import connection_settings  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
 from o41.testbed.process import LOOPBACK, free_port  # noqa: E402
-from o41.testbed.product import CollectionsProcess  # noqa: E402
+from o41.testbed.product import SAFE_ENV, CollectionsProcess  # noqa: E402
 
 VALUE = b"v" * 64
 PACE = 0.0003  # seconds
@@ -214,12 +214,14 @@ class BareHandler:
     a bare aiohttp WebSocket handler (no engine, checks or JSON) that makes the raw call
     (aetcd's stubs, on the leader, as the service's store calls them) and answers a fixed
     text, called from one thread over a plain socket (prebuilt frames, no client library).
-    Its own process, as the service is; stopped by its pid."""
+    Its own process and environment, as the service's; stopped by its pid."""
 
     def __init__(self, target: str) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", BARE, str(self.port), target], stdout=subprocess.PIPE
+            [sys.executable, "-c", BARE, str(self.port), target],
+            stdout=subprocess.PIPE,
+            env={**os.environ, **SAFE_ENV},  # as the service's own (no proxy, its malloc)
         )
         try:
             self.sock = self._connect()
