@@ -664,11 +664,10 @@ class Engine:
         """An add is not idempotent: first a read that fails cleanly without a majority
         (then the add stays buffered); if the transaction itself ends in doubt, the add is
         dropped (at most once) and counted in ``stats.dropped``."""
-        step = replica.counter
         counter = self._counter(replica.prefix)
-        if not step.reset:
+        if not replica.counter.reset:
             await counter.refresh()  # raises with nothing written: the add stays buffered
-        replica.counter = CounterPending()
+        step = replica.counter_flushing()  # after the read: a reset meanwhile is in it
         try:
             if step.reset:
                 revision = await self.store.put(replica.prefix, str(step.delta).encode())
@@ -686,8 +685,11 @@ class Engine:
             self.stats.dropped += 1
             log.warning("an eventual counter add ended in doubt and was dropped: %s", e)
             return
-        self.stats.flushed += 1
-        replica.counter_written(revision, step)
+        else:
+            self.stats.flushed += 1
+            replica.counter_written(revision, step)
+        finally:
+            replica.counter_settled()
 
     async def _flush_offers(self, replica: Replica) -> None:
         """Offers as counter adds: a clean failure keeps them, a doubtful one drops them."""

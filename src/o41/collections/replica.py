@@ -54,6 +54,9 @@ class Replica:
         self.unseen: deque[tuple[int, bytes, int]] = deque()  # (revision, key, seq) written
         self.counter = CounterPending()
         self.counter_inflight: deque[tuple[int, CounterPending]] = deque()
+        # set when the counter's write in flight ends: meanwhile its step is neither
+        # buffered nor known written, so reads wait for it (see counter_value)
+        self.counter_writing: asyncio.Event | None = None
         self.offers: list[bytes] = []
         self.used = time.monotonic()
         self.task: asyncio.Task[None] | None = None
@@ -129,11 +132,25 @@ class Replica:
             self.cleared.flushed_at = revision
         self.clear_dirty = False
 
+    def counter_flushing(self) -> CounterPending:
+        """The buffered counter step, handed to the engine to write; adds from now on are
+        buffered apart. Until :meth:`counter_settled`, reads wait for the write's outcome."""
+        step, self.counter = self.counter, CounterPending()
+        self.counter_writing = asyncio.Event()
+        return step
+
     def counter_written(self, revision: int, step: CounterPending) -> None:
         """The engine wrote the counter's ``step`` at ``revision``: reads add it until the
         copy has seen that revision."""
         self.counter_inflight.append((revision, step))
         self._prune()
+
+    def counter_settled(self) -> None:
+        """The write of :meth:`counter_flushing` ended: written (:meth:`counter_written`),
+        buffered again, or dropped in doubt."""
+        if self.counter_writing is not None:
+            self.counter_writing.set()
+            self.counter_writing = None
 
     def _prune(self) -> None:
         """Drop what was written and has come back through the watch: the copy has it."""
@@ -210,6 +227,12 @@ class Replica:
     # counter
 
     async def counter_value(self, key: bytes) -> int:
+        """The copy's value, the written steps it has not seen yet and the buffered one: a
+        pod reads its own adds. While a step is being written it is in neither place, and
+        the watch may bring it back before the write's answer, so a read waits for that
+        write (one etcd round trip at most, during a flush only)."""
+        while self.counter_writing is not None:
+            await self.counter_writing.wait()
         kv = (await self.snapshot()).get(key)
         value = counter_value(kv)
         for _, step in self.counter_inflight:
