@@ -667,7 +667,8 @@ class Engine:
         counter = self._counter(replica.prefix)
         if not replica.counter.reset:
             await counter.refresh()  # raises with nothing written: the add stays buffered
-        step = replica.counter_flushing()  # after the read: a reset meanwhile is in it
+        # taken after the read (a reset meanwhile is in it); reads count it on that value
+        step = replica.counter_flushing(counter.known[0])
         try:
             if step.reset:
                 revision = await self.store.put(replica.prefix, str(step.delta).encode())

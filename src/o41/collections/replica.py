@@ -54,9 +54,10 @@ class Replica:
         self.unseen: deque[tuple[int, bytes, int]] = deque()  # (revision, key, seq) written
         self.counter = CounterPending()
         self.counter_inflight: deque[tuple[int, CounterPending]] = deque()
-        # set when the counter's write in flight ends: meanwhile its step is neither
-        # buffered nor known written, so reads wait for it (see counter_value)
-        self.counter_writing: asyncio.Event | None = None
+        # the counter's step being written, and the counter's value when that write began:
+        # meanwhile the step is neither buffered nor known written (see counter_value)
+        self.counter_writing: CounterPending | None = None
+        self.counter_before = 0
         self.offers: list[bytes] = []
         self.used = time.monotonic()
         self.task: asyncio.Task[None] | None = None
@@ -132,11 +133,12 @@ class Replica:
             self.cleared.flushed_at = revision
         self.clear_dirty = False
 
-    def counter_flushing(self) -> CounterPending:
+    def counter_flushing(self, before: int) -> CounterPending:
         """The buffered counter step, handed to the engine to write; adds from now on are
-        buffered apart. Until :meth:`counter_settled`, reads wait for the write's outcome."""
+        buffered apart. ``before``: the counter's value just read (linearizable), which
+        reads count the step on until :meth:`counter_settled`."""
         step, self.counter = self.counter, CounterPending()
-        self.counter_writing = asyncio.Event()
+        self.counter_writing, self.counter_before = step, before
         return step
 
     def counter_written(self, revision: int, step: CounterPending) -> None:
@@ -148,9 +150,7 @@ class Replica:
     def counter_settled(self) -> None:
         """The write of :meth:`counter_flushing` ended: written (:meth:`counter_written`),
         buffered again, or dropped in doubt."""
-        if self.counter_writing is not None:
-            self.counter_writing.set()
-            self.counter_writing = None
+        self.counter_writing = None
 
     def _prune(self) -> None:
         """Drop what was written and has come back through the watch: the copy has it."""
@@ -228,15 +228,17 @@ class Replica:
 
     async def counter_value(self, key: bytes) -> int:
         """The copy's value, the written steps it has not seen yet and the buffered one: a
-        pod reads its own adds. While a step is being written it is in neither place, and
-        the watch may bring it back before the write's answer, so a read waits for that
-        write (one etcd round trip at most, during a flush only)."""
-        while self.counter_writing is not None:
-            await self.counter_writing.wait()
-        kv = (await self.snapshot()).get(key)
-        value = counter_value(kv)
-        for _, step in self.counter_inflight:
-            value = (0 if step.reset else value) + step.delta
+        pod reads its own adds. While a step is being written it is in none of those (and
+        the watch may bring it back before the write's answer): then the value the flush
+        read before writing it, with the step on top."""
+        copy = await self.snapshot()
+        writing = self.counter_writing  # no await from here: one moment's state
+        if writing is not None:
+            value = (0 if writing.reset else self.counter_before) + writing.delta
+        else:
+            value = counter_value(copy.get(key))
+            for _, step in self.counter_inflight:
+                value = (0 if step.reset else value) + step.delta
         return (0 if self.counter.reset else value) + self.counter.delta
 
     def counter_write(self, delta: int, reset: bool) -> None:
