@@ -60,7 +60,7 @@ from o41.state import EtcdTls  # noqa: E402
 from o41.state.etcd import connection_settings  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.process import LOOPBACK, free_port  # noqa: E402
+from o41.testbed.process import LOOPBACK, free_port, plain_websocket  # noqa: E402
 from o41.testbed.product import SAFE_ENV, CollectionsProcess  # noqa: E402
 
 VALUE = b"v" * 64
@@ -234,16 +234,7 @@ class BareHandler:
         assert self.process.stdout is not None
         if self.process.stdout.readline().strip() != b"ready":
             raise RuntimeError("the bare handler did not start")
-        sock = socket.create_connection((LOOPBACK, self.port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(
-            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-        )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += sock.recv(4096)
-        return sock
+        return plain_websocket(self.port)
 
     def measure(self, name: str, op: str) -> Measure:
         frame = struct.pack("!BB", 0x81, 0x80 | len(op)) + b"\0\0\0\0" + op.encode()

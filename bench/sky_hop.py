@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
 from o41.collections.client import Client, HttpTransport  # noqa: E402
-from o41.testbed.process import LOOPBACK, free_port  # noqa: E402
+from o41.testbed.process import LOOPBACK, free_port, plain_websocket  # noqa: E402
 
 ANSWER = '{"id":null,"status":200,"result":{"found":true,"value":"TXZ2dg=="}}'
 FLOOR = f"""
@@ -119,19 +119,14 @@ def measure(name: str, pid: int, ops: int, call: Callable[[], object]) -> None:
 
 def floor(kind: str, ops: int) -> None:
     with server([sys.executable, "-c", FLOOR, kind]) as (port, pid):
-        sock = socket.create_connection((LOOPBACK, port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         payload = b"x" * 100
         frame = payload
         if kind == "aiohttp":
-            sock.sendall(
-                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-            )
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += sock.recv(4096)
+            sock = plain_websocket(port)
             frame = struct.pack("!BB", 0x81, 0x80 | len(payload)) + b"\0\0\0\0" + payload
+        else:
+            sock = socket.create_connection((LOOPBACK, port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             measure(
                 f"floor: bare {kind}",

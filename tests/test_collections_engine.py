@@ -195,20 +195,17 @@ async def test_eventual_clear_then_writes_keep_their_order() -> None:
 async def test_eventual_counter_merges_adds_and_resets() -> None:
     store = Counting()
     engine = Engine(store, flush_interval=3600)
-    key = collection_prefix("ns", "job", "counter", "c") + b"value"
     for n in (5, 1):
         await call(engine, "counter", "c", "add", n=n, consistency="eventual")
     await call(engine, "counter", "c", "reset", consistency="eventual")
     got = await call(engine, "counter", "c", "add", n=2, consistency="eventual")
     assert got["value"] == 2
     await engine.flush()
-    kv = await store.get(key)
-    assert kv is not None and kv.value == b"2"
+    assert await stored_counter(store) == b"2"
     for _ in range(3):
         await call(engine, "counter", "c", "add", n=1, consistency="eventual")
     await engine.flush()
-    kv = await store.get(key)
-    assert kv is not None and kv.value == b"5"
+    assert await stored_counter(store) == b"5"
     await engine.close()
 
 
@@ -224,6 +221,12 @@ async def test_eventual_counter_waits_for_etcd_without_losing_adds() -> None:
     await engine.flush()
     assert (await call(engine, "counter", "c", "get"))["value"] == 3
     await engine.close()
+
+
+async def stored_counter(store: MemoryStore) -> bytes | None:
+    """What etcd holds of the counter "c" the tests use (None: nothing)."""
+    kv = await store.get(collection_prefix("ns", "job", "counter", "c") + b"value")
+    return None if kv is None else kv.value
 
 
 async def test_an_eventual_counter_reads_its_own_adds_while_they_are_written() -> None:
@@ -256,9 +259,7 @@ async def test_an_eventual_counter_reads_its_own_adds_while_they_are_written() -
     store.release.set()
     await flushing
     await engine.flush()
-    key = collection_prefix("ns", "job", "counter", "c") + b"value"
-    kv = await store.get(key)
-    assert kv is not None and kv.value == b"45"
+    assert await stored_counter(store) == b"45"
     assert (await call(engine, "counter", "c", "get", consistency="eventual"))["value"] == 45
     await engine.close()
 
@@ -295,9 +296,7 @@ async def test_an_eventual_reset_during_a_flush_is_not_lost() -> None:
     store.release.set()
     await flushing
     await engine.flush()
-    key = collection_prefix("ns", "job", "counter", "c") + b"value"
-    kv = await store.get(key)
-    assert kv is not None and kv.value == b"2"
+    assert await stored_counter(store) == b"2"
     assert (await call(engine, "counter", "c", "get", consistency="eventual"))["value"] == 2
     assert (await call(engine, "counter", "c", "get"))["value"] == 2
     await engine.close()

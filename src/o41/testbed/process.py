@@ -61,6 +61,26 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def plain_websocket(port: int) -> socket.socket:
+    """A WebSocket to ``/`` of a server on loopback, on a plain socket (no client
+    library): the least a client can cost, the benchmarks' floor. The caller builds the
+    frames (masked with zeros)."""
+    sock = socket.create_connection((LOOPBACK, port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = sock.recv(4096)
+        if not data:
+            sock.close()
+            raise ConnectionResetError(f"the server on port {port} closed before upgrading")
+        head += data
+    return sock
+
+
 _detached = False
 
 
