@@ -27,8 +27,9 @@ HELM_VERSION=${HELM_VERSION:-v3.20.2}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test_chart_hygiene.py)
-# Prometheus 3.x's Go module is tagged v0.3XX.Y (v0.316.0 is Prometheus v3.16.0)
-PROMTOOL_VERSION=${PROMTOOL_VERSION:-v0.316.0}
+# Debian bookworm's prometheus package, of which only promtool is kept (never installed:
+# no service, no user); the alert rules and their tests use nothing newer than 2.42.
+PROMTOOL_DEB=${PROMTOOL_DEB:-prometheus}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
 BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -45,8 +46,10 @@ export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0
 timed() { # timed NAME CMD...: run CMD, log wall time and peak memory
   local name=$1; shift
   echo "building $name ..." >&2
-  /usr/bin/time -f "$name: %e s wall, %M KB peak RSS" -a -o "$LOG" "$@" >&2
-  tail -n 1 "$LOG" >&2
+  local one="$BUILD/$name.time"
+  /usr/bin/time -f "$name: %e s wall, %M KB peak RSS" -o "$one" "$@" >&2
+  cat "$one" >>"$LOG"
+  cat "$one" >&2
 }
 
 build_kube() {
@@ -142,24 +145,47 @@ build_kube_score() {
 }
 
 build_promtool() {
-  # Prometheus's rule unit tester, for the chart's PrometheusRule (no replace directives,
-  # so `go install`; a stamp file carries its version, as versitygw's does).
-  local stamp="$BIN/promtool.version"
-  [[ -x "$BIN/promtool" && "$(cat "$stamp" 2>/dev/null)" == "$PROMTOOL_VERSION" ]] && return 0
-  GOBIN="$BIN" timed promtool go install -ldflags "-s -w" \
-    "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
-  echo "$PROMTOOL_VERSION" > "$stamp"
+  # Prometheus's rule unit tester, for the chart's PrometheusRule: the binary out of
+  # Debian's package (apt-get download + dpkg-deb -x, nothing installed on the machine).
+  # A stamp file carries the package's version.
+  local stamp="$BIN/promtool.version" version
+  version=$(apt-cache policy "$PROMTOOL_DEB" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  if [[ -z "$version" || "$version" == "(none)" ]]; then
+    apt-get update -qq >&2
+    version=$(apt-cache policy "$PROMTOOL_DEB" | sed -n 's/^ *Candidate: //p')
+  fi
+  [[ -x "$BIN/promtool" && "$(cat "$stamp" 2>/dev/null)" == "$version" ]] && return 0
+  local tmp="$BUILD/promtool-deb"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  (cd "$tmp" && timed promtool sh -c "apt-get download -qq '$PROMTOOL_DEB=$version' \
+      && dpkg-deb --fsys-tarfile ${PROMTOOL_DEB}_*.deb | tar -x ./usr/bin/promtool")
+  mv -f "$tmp/usr/bin/promtool" "$BIN/promtool"
+  rm -rf "$tmp"
+  echo "$version" > "$stamp"
 }
 
-# Small builds first (they fail fast), then the big one. On 2 cores a parallel build of
-# everything only swaps; go build already uses every core.
+# Two lanes: the kube binaries (one `go build`, the longest) and the rest one after the
+# other. go build already uses both cores, but each build also waits on module downloads
+# and links on one core: the lanes fill those gaps. The Go build cache is shared.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(helm kwok etcd versitygw kube-score promtool coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(etcd helm kwok versitygw kube-score promtool coredns kube)
 for part in "${parts[@]}"; do
   case "$part" in
-    helm|kwok|etcd|kube|coredns|versitygw|promtool) "build_$part" ;;
-    kube-score) build_kube_score ;;
+    helm|kwok|etcd|kube|coredns|versitygw|promtool|kube-score) ;;
     *) echo "unknown part '$part' (helm kwok etcd versitygw kube-score promtool kube coredns)" >&2; exit 2 ;;
   esac
 done
+lane() { local part; for part in "$@"; do "build_${part//-/_}"; done; }
+small=()
+kube=no
+for part in "${parts[@]}"; do [[ "$part" == kube ]] && kube=yes || small+=("$part"); done
+if [[ $kube == yes && ${#small[@]} -gt 0 ]]; then
+  lane kube & kube_pid=$!
+  lane "${small[@]}"
+  wait "$kube_pid"
+elif [[ $kube == yes ]]; then
+  lane kube
+else
+  lane "${small[@]}"
+fi
 echo "$BIN"
