@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from o41.testbed.stack import Stack, stop_recorded
+    from o41.testbed.stack import Stack, StillRunning, stop_recorded
 
     if args.command == "up":
         directory = args.dir.resolve()
@@ -49,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  kubectl apply -f {stack.examples}")
         return 0
     if args.command == "down":
-        stopped = stop_recorded(args.dir.resolve())
+        try:
+            stopped = stop_recorded(args.dir.resolve())
+        except StillRunning as e:
+            print(f"{e}: `make dev-down` again once it has exited")
+            return 1
         print("\n".join(f"stopped {s}" for s in stopped) or "nothing was running")
         return 0
     if args.command == "node-clean":

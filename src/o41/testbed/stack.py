@@ -150,6 +150,10 @@ class Stack:
             self.control_plane.stop()
 
 
+class StillRunning(Exception):
+    """A recorded process outlived SIGKILL (stuck in the kernel): its record is kept."""
+
+
 def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
     """Stop every process ``up`` recorded in ``directory``; returns what was stopped."""
     for written in ("env", "examples.yaml"):  # they name processes and keys that are gone
@@ -163,12 +167,14 @@ def stop_recorded(directory: Path, timeout: float = 10.0) -> list[str]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pid"], signal.SIGTERM)
             stopped.append(f"{entry['name']} (pid {entry['pid']})")
-    deadline = time.monotonic() + timeout
+    _wait_gone([e["pid"] for e in entries], timeout)
     for entry in entries:
-        while _alive(entry["pid"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pid"], signal.SIGKILL)
+    # SIGKILL is delivered, not done: a process leaves only once the kernel has torn it down
+    left = _wait_gone([e["pid"] for e in entries], timeout)
+    if left:
+        raise StillRunning(f"still running after SIGKILL: pids {left} (recorded in {record})")
     record.unlink()
     return stopped + _clean_real_node()
 
@@ -190,14 +196,25 @@ def _clean_real_node() -> list[str]:
     return ["the real node's bridge, iptables rules, mounts and cgroups"]
 
 
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait until every pid has exited (or ``timeout`` passes); returns those still running."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _alive(p)]
+    return left
+
+
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
+    """Whether ``pid`` still runs: a zombie (exited, not yet reaped by its parent) does not."""
     # a child of ours that exited is a zombie until reaped: reap it if it is ours
     with contextlib.suppress(ChildProcessError):
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(") ", 1)[1][:1] not in ("Z", "X")
