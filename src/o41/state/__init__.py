@@ -12,6 +12,12 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 Consistency = Literal["strong", "eventual"]
+"""How a read is answered. ``strong``: linearizable, it sees every write acknowledged
+before it began. ``eventual``: one member answers from what it has applied (etcd's
+serializable read), so it may lag the writes acknowledged by the majority; what it
+answers is still the whole store as of one earlier revision (never a mix, never a value
+that was not written), a member never answers an older revision than it answered before,
+and it catches up once that member has applied the log."""
 
 
 @dataclass(frozen=True, slots=True)
