@@ -92,7 +92,11 @@ def helm_run(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def chart_site(
+    real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    """The node made ready for the chart (an S3 stand-in pods reach, volumes for etcd's
+    claims, the values); the release itself is :func:`installed`'s."""
     directory = tmp_path_factory.mktemp("real-chart")
     s3 = start_moto(directory / "s3", host=GATEWAY)  # where pods can reach it, and only there
     try:
@@ -104,12 +108,6 @@ def installed(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
             "etcd": {"image": {"repository": etcd[0], "tag": etcd[1], "pullPolicy": "Never"}},
         }
         (directory / "values.yaml").write_text(yaml.safe_dump(values))
-        done = helm_run(
-            real_node.control_plane.kubeconfig, "install", RELEASE, str(CHART),
-            "--namespace", NAMESPACE, "--create-namespace", "-f", str(directory / "values.yaml"),
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        (directory / "install.out").write_text(done.stdout)
         yield Installed(real_node, s3, directory)
     finally:
         kubeconfig = real_node.control_plane.kubeconfig
@@ -117,6 +115,21 @@ def installed(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
         for namespace in ("ml-training", NAMESPACE):
             kubectl(kubeconfig, "delete", "namespace", namespace, "--wait=false", check=False)
         s3.stop()
+
+
+@pytest.fixture
+def installed(chart_site: Installed) -> Installed:
+    """The release, installed once and again after a test that uninstalled it: no test
+    depends on running after another."""
+    kubeconfig = chart_site.kubeconfig
+    if helm_run(kubeconfig, "status", RELEASE, "--namespace", NAMESPACE).returncode != 0:
+        done = helm_run(
+            kubeconfig, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--create-namespace", "-f", str(chart_site.directory / "values.yaml"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        (chart_site.directory / "install.out").write_text(done.stdout)
+    return chart_site
 
 
 def all_ready(installed: Installed) -> bool:
@@ -204,17 +217,24 @@ def location_on_the_stand_in(s3: S3Store) -> list[dict[str, Any]]:
     return [secret, location]
 
 
-def test_the_example_organization_and_a_location_on_the_stand_in_become_ready(
-    installed: Installed,
-) -> None:
+@pytest.fixture
+def example_location(installed: Installed) -> str:
+    """examples/organization.yaml and a Location on the stand-in, Ready: what every test
+    that writes needs, made here so that no test depends on another having run first."""
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
     installed.kubectl("apply", "-f", str(EXAMPLES / "organization.yaml"))
     secret, location = location_on_the_stand_in(installed.s3)
     installed.kubectl("apply", "-f", "-", input=json.dumps(secret))
     installed.kubectl("apply", "-f", "-", input=json.dumps(location))
-    name = location["metadata"]["name"]
+    name: str = location["metadata"]["name"]
     installed.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=180s")
+    return name
 
+
+def test_the_example_organization_and_a_location_on_the_stand_in_become_ready(
+    installed: Installed, example_location: str
+) -> None:
+    name = example_location
     table = installed.kubectl("get", "loc", name)
     header, row = table.splitlines()
     assert header.split() == ["NAME", "ORGANIZATION", "CLOUD", "REGION", "READY", "ROLE",
@@ -249,9 +269,10 @@ def the_example_job(installed: Installed) -> list[dict[str, Any]]:
     return [namespace, job]
 
 
-def test_the_example_job_completes_on_real_pods(installed: Installed) -> None:
+def test_the_example_job_completes_on_real_pods(
+    installed: Installed, example_location: str
+) -> None:
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
-    installed.kubectl("wait", "--for=condition=Ready", "location/aws-us-east-1", "--timeout=180s")
     namespace, job = the_example_job(installed)
     installed.kubectl("apply", "-f", "-", input=json.dumps(namespace))
     installed.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -382,10 +403,9 @@ def rolled_out(installed: Installed, image: str, gone: set[str]) -> bool:
 
 
 def test_a_helm_upgrade_to_a_new_image_tag_rolls_the_service_with_no_failed_write(
-    installed: Installed,
+    installed: Installed, example_location: str
 ) -> None:
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
-    installed.kubectl("wait", "--for=condition=Ready", "location/aws-us-east-1", "--timeout=180s")
     repository, tag = split(installed.node.images.app)
     new = f"{repository}:{tag}-next"  # the same bytes under a new tag, as a release would be
     subprocess.run([*installed.node.ctr(), "images", "tag", "--force",
@@ -402,7 +422,9 @@ def test_a_helm_upgrade_to_a_new_image_tag_rolls_the_service_with_no_failed_writ
     assert loop.failed == [], f"{len(loop.failed)} of {len(loop.written) + len(loop.failed)}"
 
 
-def test_deleting_a_placement_pod_fails_no_write(installed: Installed) -> None:
+def test_deleting_a_placement_pod_fails_no_write(
+    installed: Installed, example_location: str
+) -> None:
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
     pods = placement_pods(installed)
     image = pods[0]["spec"]["containers"][0]["image"]
@@ -421,7 +443,9 @@ def etcd_pod(installed: Installed, index: int) -> dict[str, Any] | None:
     return json.loads(found) if found.strip() else None
 
 
-def test_deleting_an_etcd_member_loses_no_acknowledged_write(installed: Installed) -> None:
+def test_deleting_an_etcd_member_loses_no_acknowledged_write(
+    installed: Installed, example_location: str
+) -> None:
     """The StatefulSet brings the member back on its claim; every write the service
     acknowledged meanwhile can be read back afterwards."""
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
@@ -477,7 +501,7 @@ def bucket_names(installed: Installed) -> set[str]:
 
 
 def test_deleting_the_operator_during_location_creations_makes_one_bucket_each(
-    installed: Installed,
+    installed: Installed, example_location: str
 ) -> None:
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
     before = bucket_names(installed)
@@ -503,7 +527,7 @@ def test_deleting_the_operator_during_location_creations_makes_one_bucket_each(
 
 
 def test_helm_uninstall_keeps_the_crds_and_organizations_and_nothing_else(
-    installed: Installed,
+    installed: Installed, example_location: str
 ) -> None:
     done = helm_run(installed.kubeconfig, "uninstall", RELEASE, "--namespace", NAMESPACE,
                     "--wait")  # fmt: skip
