@@ -5,7 +5,7 @@ One etcd member of the test bed's binary on 127.0.0.1, written through the servi
 code: version records and pending writes as o41.webhook.records makes them and with the
 store calls begin and commit make (a pending write under a lease, then the compare-and-
 swap transaction that deletes it and puts the version), usage counters through
-o41.webhook.usage.Usage, collection entries through the collections' HTTP service
+o41.webhook.usage.counters.Usage, collection entries through the collections' HTTP service
 (o41.webhook.collections, the real handler). After each kind: compaction to the current
 revision and a defragmentation, then etcd's dbSize from its status endpoint.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "src")]
 
 import aiohttp  # noqa: E402
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
@@ -46,17 +46,18 @@ from o41.collections.values import dumps  # noqa: E402
 from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
+from o41.testbed.locations import ORG as SERVICE_ORG  # noqa: E402
+from o41.testbed.locations import Keys, location  # noqa: E402
 from o41.testbed.process import LOOPBACK, Server, free_port  # noqa: E402
+from o41.testbed.standin_bucket import Storage  # noqa: E402
+from o41.testbed.usage import FakeReviewer  # noqa: E402
 from o41.webhook import app as service_app  # noqa: E402
-from o41.webhook.collections import Options, make_app  # noqa: E402
-from o41.webhook.quota import Limits  # noqa: E402
+from o41.webhook.collections.quota import Limits  # noqa: E402
+from o41.webhook.collections.service import Options  # noqa: E402
+from o41.webhook.collections.standalone import make_app  # noqa: E402
+from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import Pending, Version, pending_key, version_key  # noqa: E402
-from o41.webhook.usage import Usage, rollup_prefix  # noqa: E402
-from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
-from standin_bucket import Storage  # noqa: E402
-from test_usage_support import FakeReviewer  # noqa: E402
-from test_writes import ORG as SERVICE_ORG  # noqa: E402
-from test_writes import Keys, location  # noqa: E402
+from o41.webhook.usage.counters import Usage, rollup_prefix  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -214,7 +215,7 @@ async def commit(store: EtcdStore, p: Pending) -> None:
 
 
 def write_dims(i: int) -> dict[str, str | None]:
-    """A write counter's dimensions (o41.webhook.placement's commit), one place each."""
+    """A write counter's dimensions (o41.webhook.writes.commit's), one place each."""
     region = f"us-east-{i}"
     return {
         "cloud": "aws",

@@ -44,7 +44,7 @@ from o41.core.organization import LocationFacts, effective  # noqa: E402
 from o41.core.placement import place_write  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.core.usage import GB, PriceTable, Record, StoragePrices  # noqa: E402
-from o41.webhook.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
+from o41.webhook.usage.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
 
 TRACES = ROOT / "bench" / "traces"
 # the shipped traces and the locations their organization starts with (the first is the

@@ -24,15 +24,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "src")]
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from o41.testbed.kube import ControlPlane, bin_dir  # noqa: E402
+from o41.testbed.kube import ControlPlane, Kube, bin_dir  # noqa: E402
 from o41.testbed.product import OperatorProcess, store_secrets  # noqa: E402
 from o41.testbed.stores import start_s3  # noqa: E402
-
-from fixtures.kube import Kube  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

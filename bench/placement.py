@@ -41,7 +41,7 @@ sys.path[:0] = [str(ROOT / "src")]
 
 import aiohttp  # noqa: E402
 
-from o41.client.artifacts import PARALLEL_PARTS  # noqa: E402
+from o41.client.transfers import PARALLEL_PARTS  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
@@ -134,16 +134,17 @@ S5CMD_PART = 50 * 2**20  # s5cmd's default --part-size
 
 
 def settle(settings: dict[str, str]) -> None:
-    """A variant's settings on the client module (bench/reads.py's keys)."""
-    from o41.client import artifacts
+    """A variant's settings on the client's modules (bench/reads.py's keys; PARALLEL_PARTS
+    is the transfers')."""
+    from o41.client import reads, transfers
 
     for key, value in settings.items():
         if key == "RANGE_READER":
-            artifacts.RANGE_READER = value
+            reads.RANGE_READER = value
         elif key in ("RANGE_SIZE", "READ_BLOCK"):
-            setattr(artifacts, key, int(float(value) * 2**20))
+            setattr(reads, key, int(float(value) * 2**20))
         else:
-            setattr(artifacts, key, int(value))
+            setattr(transfers if hasattr(transfers, key) else reads, key, int(value))
 
 
 def child(spec: dict[str, Any]) -> None:
@@ -151,7 +152,8 @@ def child(spec: dict[str, Any]) -> None:
     what, path = spec["what"], Path(spec["path"])
     located = 0.0
     if what.startswith("ours"):
-        from o41.client.artifacts import Artifacts, download
+        from o41.client.artifacts import Artifacts
+        from o41.client.reads import download
 
         settle(spec.get("settings") or {})
         client = Artifacts(spec["service"], spec["token_file"], Place("aws", "us-east-1", "env"))
@@ -302,7 +304,8 @@ class Transfers:
     def _crossed(self) -> None:
         """Where our upload landed (for s5cmd-ours) and s5cmd's object as the service would
         give it (for ours-s5obj): a signed GET, its parts' CRC32s."""
-        from o41.client.artifacts import Artifacts, part_checksums
+        from o41.client.artifacts import Artifacts
+        from o41.client.transfers import part_checksums
 
         client = Artifacts(self.service, str(self.token_file), Place("aws", "us-east-1", "env"))
         found = client.locate("bench", "big", self.version)

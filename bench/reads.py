@@ -8,7 +8,7 @@ on the way, as in production), and a SigV4-signed GET. Each download runs in a p
 of its own (its peak RSS is its own, from GNU time); every run is printed as it ends,
 with the load average then (the machine is shared), then the medians:
 
-- ``ours``: o41.client.artifacts.download (parallel ranges, each part's CRC32 checked);
+- ``ours``: o41.client.reads.download (parallel ranges, each part's CRC32 checked);
 - ``boto3``: download_file with the default TransferConfig (10 threads, 8 MiB parts);
   ``boto3-matched``: with max_concurrency = our PARALLEL_RANGES;
 - ``s5cmd``: ``s5cmd cp`` (Go, the fastest S3 client in published comparisons).
@@ -41,7 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
-from o41.client import artifacts  # noqa: E402
+from o41.client import reads  # noqa: E402
+from o41.client.transfers import part_checksums  # noqa: E402
 from o41.core.parts import part_size_for  # noqa: E402
 from o41.testbed.stores import GATEWAYS_FILE, start_s3  # noqa: E402
 
@@ -59,13 +60,13 @@ def child(spec: dict[str, Any]) -> None:
                 if not int(value):
                     found.pop("crc32", None)
             elif key == "RANGE_READER":
-                artifacts.RANGE_READER = value
+                reads.RANGE_READER = value
             elif key in ("RANGE_SIZE", "READ_BLOCK"):
-                setattr(artifacts, key, int(float(value) * MiB))
+                setattr(reads, key, int(float(value) * MiB))
             else:
-                setattr(artifacts, key, int(value))
+                setattr(reads, key, int(value))
         t = time.perf_counter()
-        artifacts.download(found, path)
+        reads.download(found, path)
     else:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -79,7 +80,7 @@ def child(spec: dict[str, Any]) -> None:
             aws_secret_access_key=spec["secret_key"],
             config=Config(s3={"addressing_style": "path"}),
         )
-        matched = TransferConfig(max_concurrency=artifacts.PARALLEL_RANGES)
+        matched = TransferConfig(max_concurrency=reads.PARALLEL_RANGES)
         config = matched if what == "boto3-matched" else TransferConfig()
         t = time.perf_counter()
         sdk.download_file(BUCKET, "big", str(path), Config=config)
@@ -171,7 +172,7 @@ def main() -> int:
                 f.write(os.urandom(MiB))
         size = big.stat().st_size
         part_size = part_size_for(size)
-        crc32 = artifacts.part_checksums(big, size, part_size)
+        crc32 = part_checksums(big, size, part_size)
         subprocess.run(
             [s5cmd, "--endpoint-url", gateway, "cp", str(big), f"s3://{BUCKET}/big"],
             env=env,
@@ -206,8 +207,8 @@ def main() -> int:
             clients = {k: v for k, v in clients.items() if k in keep}
         print(
             f"{os.cpu_count()} cores; {args.mib} MiB in parts of {part_size // MiB} MiB; ours: "
-            f"{artifacts.PARALLEL_RANGES} ranges of {artifacts.RANGE_SIZE // MiB} MiB in "
-            f"blocks of {artifacts.READ_BLOCK // 1024} KiB ({artifacts.RANGE_READER}), each part's "
+            f"{reads.PARALLEL_RANGES} ranges of {reads.RANGE_SIZE // MiB} MiB in "
+            f"blocks of {reads.READ_BLOCK // 1024} KiB ({reads.RANGE_READER}), each part's "
             "CRC32 checked",
             flush=True,
         )

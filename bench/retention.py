@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "src")]
 
 from aiohttp import web  # noqa: E402
 
@@ -41,9 +41,8 @@ from o41.storage import BucketRef, open_bucket  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
 from o41.testbed.stores import start_s3  # noqa: E402
-from o41.webhook import backfill  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
-from o41.webhook.keys import RETENTION  # noqa: E402
+from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
     ArtifactRecord,
     artifact_key,
@@ -51,7 +50,8 @@ from o41.webhook.records import (  # noqa: E402
     manifest_key,
     version_key,
 )
-from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.retention import RETENTION  # noqa: E402
+from o41.webhook.writes import backfill  # noqa: E402
 
 ORG = "ml"
 KEEP = 10
@@ -159,7 +159,7 @@ async def main() -> None:
 
 
 async def run(args: argparse.Namespace, store: EtcdStore, s3: Any) -> None:
-    from test_writes import location
+    from o41.testbed.locations import location
 
     creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
     ref = BucketRef(

@@ -3,7 +3,7 @@
 Seeds the embedded store with the rolled-up counters of a history of many writer places
 and readers, as the service's flushes leave them: hourly records for the last
 ``--hourly-days`` days and daily records for every day, the keys and values exactly as
-``o41.webhook.usage.Usage`` writes them. Then times ``GET /usage`` (store ranges,
+``o41.webhook.usage.counters.Usage`` writes them. Then times ``GET /usage`` (store ranges,
 aggregation, the net advice, HTML and SVG), ``GET /v1/usage`` (summarised, and a page of
 raw records) and ``GET /healthz`` (the ceiling) through the real app on 127.0.0.1, and
 prints the store's size for that history (with ``--etcd``, the history is in one etcd
@@ -40,19 +40,18 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT / "src")]
 
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from o41.state import Put, Store  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
-from o41.webhook.keys import USAGE  # noqa: E402
-from o41.webhook.usage import Dims, digest_of, period_prefix  # noqa: E402
+from o41.testbed.usage import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
+from o41.webhook.usage.counters import USAGE, Dims, digest_of, period_prefix  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from capacity import Etcd  # type: ignore[import-not-found]  # noqa: E402  (bench/ is no package)
-from test_usage_support import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
 
 CLOUDS = {"aws": ["us-east-1", "us-west-2", "eu-west-1"], "gcp": ["us-central1", "europe-west4"]}
 RULES = ("region", "cloud", "fallback")

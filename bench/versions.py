@@ -38,8 +38,8 @@ from o41.state.memory import MemoryStore  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
+from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import ArtifactRecord, artifact_key, index_prefix  # noqa: E402
-from o41.webhook.view import Cluster, View, organization_source  # noqa: E402
 
 ORG = "ml"
 PAGE = 100

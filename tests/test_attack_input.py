@@ -24,15 +24,15 @@ from o41.collections.transport import LimitReached
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from o41.testbed.etcd import EtcdCluster
+from o41.testbed.kube import Kube
 from o41.testbed.process import LOOPBACK, free_port
 from o41.testbed.product import PlacementProcess
-from o41.webhook import auth
-from o41.webhook import collections as routes
-from o41.webhook.quota import Limits
+from o41.webhook.collections import routes
+from o41.webhook.collections.quota import Limits
+from o41.webhook.http import auth
 from test_collections_support import ServiceThread
 from test_collections_websocket import exchange, op
 
-from fixtures.kube import Kube
 from support import wait_for
 
 
@@ -112,7 +112,7 @@ def test_a_wrong_method_is_405_with_allow(service: ServiceThread) -> None:
 
 
 def test_a_status_aiohttp_names_keeps_its_meaning() -> None:
-    from o41.webhook.errors import problem
+    from o41.webhook.http.errors import problem
 
     for status in (405, 408, 413, 418, 429, 451, 501, 507):
         error = problem(status, "why", headers={"Retry-After": "3"})

@@ -30,14 +30,14 @@ from o41.collections.keys import encode_key
 from o41.state import KeyValue
 from o41.state.etcd import EtcdStore
 from o41.testbed.etcd import EtcdCluster
+from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
-from o41.webhook import collections as routes
+from o41.webhook.collections import routes
 from o41.webhook.records import pending_key
 from test_collections_support import ServiceThread
 from test_placement import World
 
-from fixtures.kube import Kube
 from support import wait_for
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""Group commit of the begins' pending records (o41.webhook.batching)."""
+"""Group commit of the begins' pending records (o41.webhook.writes.batching)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from o41.state import Compare, LeaseNotFound, Op, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore
-from o41.webhook.batching import MAX_BATCH, PutBatcher
+from o41.webhook.writes.batching import MAX_BATCH, PutBatcher
 
 
 class CountingStore(MemoryStore):

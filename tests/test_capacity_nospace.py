@@ -20,10 +20,11 @@ from bench.capacity import ORG, Etcd, PlacementService, begin, commit, write_dim
 from o41.collections.keys import encode_key  # noqa: E402
 from o41.state import StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
-from o41.webhook.collections import Options, make_app  # noqa: E402
-from o41.webhook.quota import Limits  # noqa: E402
+from o41.webhook.collections.quota import Limits  # noqa: E402
+from o41.webhook.collections.service import Options  # noqa: E402
+from o41.webhook.collections.standalone import make_app  # noqa: E402
 from o41.webhook.records import version_key  # noqa: E402
-from o41.webhook.usage import Usage, rollup_prefix  # noqa: E402
+from o41.webhook.usage.counters import Usage, rollup_prefix  # noqa: E402
 
 pytestmark = pytest.mark.etcd
 

@@ -632,7 +632,7 @@ def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) ->
     assert env["O41_PRICES_FILE"] == "/etc/o41/prices.json"
     config = find(docs, "ConfigMap", "-prices")
     # the file the chart writes is one the service accepts, with the override applied
-    from o41.webhook.prices import load_prices
+    from o41.webhook.usage.prices import load_prices
 
     path = tmp_path / "prices.json"
     path.write_text(config["data"]["prices.json"])

@@ -12,9 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from o41.testbed.kube import Kube
 from o41.testbed.product import install_crds
-
-from fixtures.kube import Kube
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -26,13 +26,12 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.kube import kubectl_binary
+from o41.testbed.kube import Kube, kubectl_binary
 from o41.testbed.process import LOOPBACK, Server, free_port
 from o41.testbed.product import SAFE_ENV
 from o41.testbed.stores import S3Store
 from test_chart import CHART, helm
 
-from fixtures.kube import Kube
 from support import token_kubeconfig as kubeconfig_for
 from support import wait_for
 

@@ -21,9 +21,9 @@ from o41.collections.engine import Engine
 from o41.state import Store
 from o41.testbed.process import LOOPBACK, free_port
 from o41.testbed.product import CollectionsProcess
-from o41.webhook import auth, errors
-from o41.webhook import collections as routes
-from o41.webhook.keys import STORE
+from o41.webhook.collections import routes
+from o41.webhook.http import auth, errors
+from o41.webhook.http.store import STORE
 
 T = TypeVar("T")
 

@@ -24,8 +24,8 @@ from o41.collections.client import (
     Unavailable,
 )
 from o41.state.memory import MemoryStore
-from o41.webhook import collections as routes
-from o41.webhook.errors import problem
+from o41.webhook.collections import websocket as routes
+from o41.webhook.http.errors import problem
 from test_collections_support import ServiceThread
 
 from support import wait_for

@@ -23,11 +23,10 @@ import pytest
 from aiohttp import web
 
 from o41.operator import health
-from o41.testbed.kube import kubectl_binary
+from o41.testbed.kube import Kube, kubectl_binary
 from o41.testbed.process import LOOPBACK, free_port
 from test_operator import Cluster, org_status, unique
 
-from fixtures.kube import Kube
 from fixtures.operator import Operator
 from support import wait_for
 

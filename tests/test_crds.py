@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from o41.crd import IMMUTABLE, rendered
-from o41.testbed.kube import kubectl_binary
+from o41.testbed.kube import Kube, kubectl_binary
 
-from fixtures.kube import Kube
 from support import wait_for
 
 CRDS = Path(__file__).resolve().parents[1] / "crds"

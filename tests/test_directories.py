@@ -18,8 +18,9 @@ from o41.artifacts import BadRequest, Client, Conflict, Error, NotFound
 from o41.cli import main
 from o41.core.directories import MAX_FILES, MAX_PATH_BYTES
 from o41.core.places import Place
-from o41.webhook.keys import STORE
-from test_writes import ORG, Service, serve
+from o41.testbed.locations import ORG
+from o41.webhook.http.store import STORE
+from test_writes import Service, serve
 
 PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}
 
@@ -373,7 +374,7 @@ async def test_a_retired_location_keeps_serving_its_directories(
 ) -> None:
     from o41.location_record import LocationRecord
     from o41.locations import read_location
-    from o41.webhook.keys import VIEW
+    from o41.webhook.http.view import VIEW
 
     files = checkpoint(tmp_path / "ckpt")
     west = Client(service.url, str(service.token), place=Place("aws", "us-west-2", "env"))
@@ -406,7 +407,7 @@ async def test_a_listing_whose_etags_are_no_md5s_is_checked_by_heads(tmp_path: P
     """S3 with SSE-KMS lists ETags that look like MD5s and are not: the commit asks the
     bucket (a HEAD) about each file its listing disagrees on, and accepts what the HEAD
     says is right; the listing alone decides nothing."""
-    from standin_bucket import StandInBucket, Storage
+    from o41.testbed.standin_bucket import StandInBucket, Storage
 
     heads: list[str] = []
 

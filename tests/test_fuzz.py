@@ -21,12 +21,11 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.config import SchemathesisConfig
 
+from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from o41.webhook.openapi import document
 from test_placement import World
-
-from fixtures.kube import Kube
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 

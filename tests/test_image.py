@@ -18,10 +18,10 @@ import yaml
 
 from o41 import __version__
 from o41.testbed import images as image_build
+from o41.testbed.kube import Kube
 from o41.testbed.process import LOOPBACK, free_port
 from o41.testbed.product import install_crds
 
-from fixtures.kube import Kube
 from support import wait_for
 
 pytestmark = [pytest.mark.image]

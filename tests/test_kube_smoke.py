@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fixtures.kube import Kube
+from o41.testbed.kube import Kube
 
 pytestmark = pytest.mark.kube
 

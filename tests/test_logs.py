@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from o41 import logs
+from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess
 
-from fixtures.kube import Kube
 from fixtures.operator import Operator
 from support import wait_for
 

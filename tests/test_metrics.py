@@ -22,12 +22,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from o41.testbed.etcd import EtcdCluster
+from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from test_chart import CHART, run_helm
 from test_placement import World
 
-from fixtures.kube import Kube
 from fixtures.operator import Operator
 from support import wait_for
 

@@ -17,10 +17,10 @@ from botocore.exceptions import ClientError
 
 from o41.location_record import LocationRecord
 from o41.storage import bucket_name
+from o41.testbed.kube import Kube
 from o41.testbed.product import NAMESPACE
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
-from fixtures.kube import Kube
 from fixtures.operator import Operator
 from support import wait_for
 

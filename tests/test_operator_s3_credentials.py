@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.kube import kubectl_binary
+from o41.testbed.kube import Kube, kubectl_binary
 from o41.testbed.product import NAMESPACE
 from o41.testbed.stores import VersityStore
 
-from fixtures.kube import Kube
 from fixtures.operator import Operator
 from support import wait_for
 

@@ -36,8 +36,7 @@ from o41.client.place import (
     reset,
 )
 from o41.core.places import Place
-
-from metadata_fakes import (
+from o41.testbed.metadata import (
     AwsImds,
     AzureImds,
     GcpMetadata,

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 
 from o41.core.parts import crc32_b64
+from o41.testbed.kube import Kube
 from o41.testbed.process import free_port
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 
-from fixtures.kube import Kube
 from fixtures.placement import BreakableEndpoint
 from support import wait_for
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from o41.client import artifacts
-from o41.client.artifacts import Damaged, download
+from o41.client import reads
+from o41.client.errors import Damaged
+from o41.client.reads import download
 from o41.core.parts import crc32_b64
 from o41.testbed.process import LOOPBACK
 
@@ -105,10 +106,10 @@ def store() -> Iterator[Store]:
 @pytest.fixture(params=["selectors", "threads"])
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test on both readers, with ranges of two parts, two at a time."""
-    monkeypatch.setattr(artifacts, "RANGE_READER", request.param)
-    monkeypatch.setattr(artifacts, "RANGE_SIZE", 2 * PART)
-    monkeypatch.setattr(artifacts, "PARALLEL_RANGES", 2)
-    monkeypatch.setattr(artifacts, "READ_BLOCK", 64 * 1024)
+    monkeypatch.setattr(reads, "RANGE_READER", request.param)
+    monkeypatch.setattr(reads, "RANGE_SIZE", 2 * PART)
+    monkeypatch.setattr(reads, "PARALLEL_RANGES", 2)
+    monkeypatch.setattr(reads, "READ_BLOCK", 64 * 1024)
     return str(request.param)
 
 
@@ -191,5 +192,5 @@ def test_a_connection_the_store_closed_is_opened_again(
 def test_read_bytes_in_memory_are_checked_too(store: Store, reader: str) -> None:
     """The in-memory path (read_bytes) reads the ranges straight into place."""
     out = bytearray(SIZE)
-    artifacts._into_memory(found(store), memoryview(out), 0, 10.0, parallel=True)
+    reads.into_memory(found(store), memoryview(out), 0, 10.0, parallel=True)
     assert bytes(out) == store.data

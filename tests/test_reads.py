@@ -23,14 +23,15 @@ from pathlib import Path
 import pytest
 
 from o41 import artifacts as sdk
-from o41.client import artifacts
-from o41.client.artifacts import Artifacts, Damaged
+from o41.client import reads as client_reads
+from o41.client.artifacts import Artifacts
+from o41.client.errors import Damaged
 from o41.core.parts import PART_SIZE, crc32_b64
 from o41.core.places import Place
+from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess
 from o41.testbed.stores import AzureStore, GcsStore, VersityStore
 
-from fixtures.kube import Kube
 from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
@@ -152,7 +153,7 @@ def reads(
 @pytest.fixture(autouse=True)
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranges of one part each, so that a 33 MiB version comes as three parallel ranges."""
-    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
+    monkeypatch.setattr(client_reads, "RANGE_SIZE", PART_SIZE)
 
 
 @pytest.mark.parametrize("store", list(PLACES))

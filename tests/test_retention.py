@@ -1,5 +1,6 @@
 """Retention and the cleanup shown on the usage page, in-process (the embedded store, the
-real app, ``standin_bucket``); against etcd and versitygw: tests/test_retention_stores.py.
+real app, ``o41.testbed.standin_bucket``); against etcd and versitygw:
+tests/test_retention_stores.py.
 
 The usage page shows what the sweeper counted (the uploads of expired writes: all of
 them, and those whose abort the bucket took) and what retention deleted, by location.
@@ -17,12 +18,15 @@ import aiohttp
 import pytest
 
 from o41.core.parts import PART_SIZE
-from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
+from o41.testbed.locations import ORG
+from o41.webhook.http.store import STORE
+from o41.webhook.http.view import VIEW, organization_source
 from o41.webhook.records import index_prefix, manifest_key, version_key
-from o41.webhook.view import organization_source
+from o41.webhook.retention import RETENTION
+from o41.webhook.usage.counters import USAGE
 from test_directories import sdk
 from test_sweeper import MiB, begin_multipart, short_leases, until
-from test_writes import ORG, Service, serve
+from test_writes import Service, serve
 
 __all__ = ["short_leases"]
 

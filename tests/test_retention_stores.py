@@ -29,15 +29,18 @@ import pytest
 from o41.state.etcd import EtcdStore
 from o41.storage import BucketRef, open_bucket
 from o41.testbed.etcd import EtcdCluster
+from o41.testbed.locations import ORG, location
 from o41.testbed.stores import VersityStore
-from o41.webhook import backfill as backfill_module
 from o41.webhook import retention as retention_module
-from o41.webhook.keys import RETENTION, STORE, USAGE, VIEW
+from o41.webhook.http.store import STORE
+from o41.webhook.http.view import VIEW, organization_source
 from o41.webhook.records import Version, index_prefix, version_key
-from o41.webhook.view import organization_source
+from o41.webhook.retention import RETENTION
+from o41.webhook.usage.counters import USAGE
+from o41.webhook.writes import backfill as backfill_module
 from test_storage import offline as offline
 from test_sweeper import short_leases, until
-from test_writes import ORG, Service, location, serve, usage_of
+from test_writes import Service, serve, usage_of
 
 __all__ = ["offline", "short_leases"]
 
@@ -111,7 +114,13 @@ async def world(
 ) -> AsyncIterator[World]:
     # every key of the service under a prefix of this test's own: etcd is shared
     prefix = f"/o41-test-{uuid.uuid4().hex[:8]}/".encode()
-    for module in ("records", "backfill", "sweeper", "usage", "counts"):
+    for module in (
+        "records",
+        "writes.backfill",
+        "writes.sweeper",
+        "usage.counters",
+        "usage.counts",
+    ):
         mod = __import__(f"o41.webhook.{module}", fromlist=["x"])
         if hasattr(mod, "PREFIX"):
             monkeypatch.setattr(mod, "PREFIX", prefix)
@@ -146,7 +155,9 @@ async def world(
 
 def _prefixed(monkeypatch: pytest.MonkeyPatch, prefix: bytes) -> None:
     """The key functions of records, bound to ``prefix``."""
-    from o41.webhook import records, sweeper, usage
+    from o41.webhook import records
+    from o41.webhook.usage import counters as usage
+    from o41.webhook.writes import sweeper
 
     monkeypatch.setattr(records, "PREFIX", prefix)
     monkeypatch.setattr(sweeper, "PENDING_PREFIX", prefix + b"pending/")

@@ -617,8 +617,7 @@ async def test_a_directory_versions_files_are_deleted_and_only_they(ready: Bucke
     holds) and retention (a let-go directory version: every object under its prefix) call
     on each backend: the objects go, a neighbouring version's prefix stays, and a repeat
     deletes nothing more."""
-    from o41.webhook.directories import delete_files
-    from o41.webhook.writes import OpenBucket
+    from o41.webhook.buckets import OpenBucket, delete_files
 
     files = {f"d/v1/{name}": os.urandom(n) for n, name in enumerate(["a", "b/c", "é f"], 1)}
     files["d/v10/other"] = b"not under d/v1/"

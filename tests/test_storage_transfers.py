@@ -20,15 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from o41.client import artifacts
+from o41.client import reads, transfers
 from o41.client.artifacts import Artifacts
 from o41.core.parts import PART_SIZE
 from o41.core.places import Place
+from o41.testbed.kube import Kube
 from o41.testbed.process import LOOPBACK, free_port
 from o41.testbed.product import PlacementProcess
 from o41.testbed.stores import VersityStore
-
-from fixtures.kube import Kube
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores]
 
@@ -196,9 +195,9 @@ def test_parts_and_ranges_share_kept_alive_connections(
 ) -> None:
     """Four parts on two threads go up on at most two connections (one per thread, kept
     alive), and come back as four ranges on at most two: not a connection per request."""
-    monkeypatch.setattr(artifacts, "PARALLEL_PARTS", 2)
-    monkeypatch.setattr(artifacts, "PARALLEL_RANGES", 2)
-    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
+    monkeypatch.setattr(transfers, "PARALLEL_PARTS", 2)
+    monkeypatch.setattr(reads, "PARALLEL_RANGES", 2)
+    monkeypatch.setattr(reads, "RANGE_SIZE", PART_SIZE)
     path, data = _file(setup, 3 * PART_SIZE + MiB)  # four parts
     relay = setup.relay
     before_parts, before_gets = relay.connections_with("partNumber="), relay.connections_with("GET")
@@ -218,7 +217,7 @@ def test_parts_and_ranges_share_kept_alive_connections(
 def test_a_store_that_ignores_ranges_still_gives_the_whole_version(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
+    monkeypatch.setattr(reads, "RANGE_SIZE", PART_SIZE)
     path, data = _file(setup, PART_SIZE + MiB)
     written = setup.client.write(setup.org, "ranges", path)
     setup.relay.hide_ranges = True
@@ -236,7 +235,7 @@ def test_a_connection_the_store_closed_is_opened_again(
 ) -> None:
     """Each part finds its kept-alive connection closed by the other side: the part is sent
     again on a new one, once, and the write succeeds (instead of failing the location)."""
-    monkeypatch.setattr(artifacts, "PARALLEL_PARTS", 1)
+    monkeypatch.setattr(transfers, "PARALLEL_PARTS", 1)
     path, data = _file(setup, 2 * PART_SIZE + MiB)  # three parts, one thread
     before = setup.relay.connections_with("partNumber=")
     setup.relay.one_answer = True

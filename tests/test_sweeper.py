@@ -1,7 +1,8 @@
 """No abandoned uploads, in the service: a multipart write whose pending lease expires has
 its upload aborted in the stand-in bucket; a committed one is left alone; two replicas
 sweep a write once. In-process, as tests/test_writes.py (the embedded store, the real app,
-``standin_bucket``); the same against versitygw is in tests/test_sweeper_stores.py.
+``o41.testbed.standin_bucket``); the same against versitygw is in
+tests/test_sweeper_stores.py.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import pytest
 from o41.core.parts import PART_SIZE
 from o41.state import Store, WatchEvent
 from o41.state.memory import MemoryStore
-from o41.webhook import sweeper, writes
-from o41.webhook.keys import SWEEPER
+from o41.testbed.locations import ORG
+from o41.webhook.writes import pending, sweeper
+from o41.webhook.writes.sweeper import SWEEPER
 from test_state_store import next_event
-from test_writes import ORG, Service, serve, usage_of
+from test_writes import Service, serve, usage_of
 
 MiB = 2**20
 PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}
@@ -31,7 +33,7 @@ PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}
 @pytest.fixture
 def short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pending writes expire after one second (the lease is PENDING_TTL + 60 s)."""
-    monkeypatch.setattr(writes, "PENDING_TTL", -59)
+    monkeypatch.setattr(pending, "PENDING_TTL", -59)
 
 
 @pytest.fixture

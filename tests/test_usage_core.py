@@ -31,7 +31,7 @@ from o41.core.usage import (
     window_span,
     writer_places,
 )
-from o41.webhook.prices import DEFAULT_PRICES
+from o41.webhook.usage.prices import DEFAULT_PRICES
 
 
 def approx(count: int, size: int, cost: float) -> Tally:

@@ -13,9 +13,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from o41.core.usage import PriceError
-from o41.webhook import keys, metrics
-from o41.webhook.prices import DEFAULT_PRICES, PRICES_ENV, load_prices
-from test_usage_support import EAST, EMPTY_ORG, GB, ORG, TB, bearer, hours_ago, seeded_app, write
+from o41.testbed.usage import EAST, EMPTY_ORG, GB, ORG, TB, bearer, hours_ago, seeded_app, write
+from o41.webhook.http import metrics
+from o41.webhook.usage.counters import USAGE
+from o41.webhook.usage.prices import DEFAULT_PRICES, PRICES_ENV, load_prices
 
 Client = TestClient[web.Request, web.Application]
 
@@ -178,7 +179,7 @@ async def test_the_page_escapes_what_clients_reported(aiohttp_client: Any) -> No
 
 
 async def test_metrics_follow_the_usage_counters(client: Client) -> None:
-    usage_counters = client.app[keys.USAGE]
+    usage_counters = client.app[USAGE]
     org = "metrics-org"
     place = {"cloud": "aws", "region": "us-west-2", "source": "env"}
     usage_counters.add(

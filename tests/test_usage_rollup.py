@@ -12,11 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from o41.state.memory import MemoryStore
-from o41.webhook import keys
-from o41.webhook.keys import STORE
+from o41.testbed.usage import EMPTY_ORG, ORG, bearer, history, seeded_app, stored
+from o41.webhook.http.store import STORE
 from o41.webhook.records import usage_prefix
-from o41.webhook.usage import Usage, day, hour, period_prefix, rollup_prefix
-from test_usage_support import EMPTY_ORG, ORG, bearer, history, seeded_app, stored
+from o41.webhook.usage.counters import USAGE, Usage, day, hour, period_prefix, rollup_prefix
 
 Client = TestClient[web.Request, web.Application]
 DIMS: dict[str, str | None] = {
@@ -149,7 +148,7 @@ async def test_a_damaged_record_is_skipped_not_a_500(aiohttp_client: Any) -> Non
     ):
         await app[STORE].put(prefix + b"damaged", b'1],[{"kind"')
         await app[STORE].put(prefix + b"damaged2", b"[]")
-    app[keys.USAGE].closed.clear()
+    app[USAGE].closed.clear()
     after = await (await client.get(f"/v1/usage?organization={ORG}", headers=bearer())).json()
     assert after["writes"] == before["writes"] and after["reads"] == before["reads"]
     page = await client.get(f"/usage?organization={ORG}&window=30d", headers=bearer())

@@ -1,13 +1,14 @@
 """Begin, commit and read in-process: the real service app on the embedded store, the real
-client, and a stand-in bucket served over HTTP on 127.0.0.1 (``standin_bucket``). No
-control plane, no etcd: ``make unit`` runs these."""
+client, and a stand-in bucket served over HTTP on 127.0.0.1 (``o41.testbed.standin_bucket``,
+its Locations from ``o41.testbed.locations``). No control plane, no etcd: ``make unit``
+runs these."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,42 +18,19 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from o41.client import artifacts
-from o41.client.artifacts import Artifacts, Damaged
+from o41.client import reads, transfers
+from o41.client.artifacts import Artifacts
+from o41.client.errors import Damaged
 from o41.core.parts import PART_SIZE
 from o41.core.places import Place
-from o41.location_record import LocationRecord
-from o41.locations import Location, read_location
 from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import ObjectStat
+from o41.testbed.locations import ORG, Keys, location
+from o41.testbed.standin_bucket import StandInBucket, Storage, Stored
+from o41.testbed.usage import FakeReviewer
 from o41.webhook.app import Settings, make_app
-from o41.webhook.view import Cluster, View, organization_source
-from standin_bucket import StandInBucket, Storage, Stored
-from test_usage_support import FakeReviewer
-
-ORG = "ml"
-KEYS = {"accessKeyId": "id", "secretAccessKey": "secret"}
-
-
-class Keys:
-    async def credentials(self, location: Location) -> Mapping[str, str] | None:
-        return KEYS
-
-
-def location(name: str, cloud: str, region: str, n: int) -> Location:
-    created = f"2026-01-0{n}T00:00:00Z"
-    obj = {
-        "metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
-        "spec": {
-            "organization": ORG,
-            "cloud": cloud,
-            "region": region,
-            "bucket": f"bucket-{name}",
-            "backend": {"s3": {}},
-        },
-    }
-    return read_location(obj, LocationRecord(f"uid-{name}", name, ready=True, ready_since=created))
+from o41.webhook.http.view import Cluster, View, organization_source
 
 
 @dataclass
@@ -162,7 +140,7 @@ async def test_a_read_checks_each_whole_part_it_covers(
     """Each part's CRC32 from the write is checked by every read that covers the part
     whole; a range that covers a part only in part cannot check it. The real stand-ins:
     tests/test_reads.py."""
-    monkeypatch.setattr(artifacts, "RANGE_SIZE", PART_SIZE)
+    monkeypatch.setattr(reads, "RANGE_SIZE", PART_SIZE)
     data = bytearray(os.urandom(2 * PART_SIZE + 1024 * 1024))
     path = tmp_path / "big"
     path.write_bytes(data)
@@ -285,21 +263,19 @@ class PodDied(Exception):
 async def test_a_write_killed_after_some_parts_resumes_without_resending_them(
     service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from o41.client import artifacts as client_module
-
     data = os.urandom(3 * PART_SIZE + 1000)  # four parts
     path = tmp_path / "ckpt"
     path.write_bytes(data)
-    monkeypatch.setattr(client_module, "PARALLEL_PARTS", 1)
+    monkeypatch.setattr(transfers, "PARALLEL_PARTS", 1)
     sent = 0
-    real_put = Artifacts._put
+    real_put = transfers.put
 
-    def dying_put(self: Artifacts, *args: Any) -> str:
+    def dying_put(*args: Any) -> str:
         nonlocal sent
         if sent == 2:
             raise PodDied
         sent += 1
-        return real_put(self, *args)
+        return real_put(*args)
 
     began: list[str] = []
     real_call = Artifacts.call
@@ -311,11 +287,11 @@ async def test_a_write_killed_after_some_parts_resumes_without_resending_them(
         return answer
 
     monkeypatch.setattr(Artifacts, "call", call)
-    monkeypatch.setattr(Artifacts, "_put", dying_put)
+    monkeypatch.setattr(transfers, "put", dying_put)
     client = service.client("aws", "us-east-1")
     with pytest.raises(PodDied):
         await asyncio.to_thread(client.write, ORG, "ckpt", path)
-    monkeypatch.setattr(Artifacts, "_put", real_put)
+    monkeypatch.setattr(transfers, "put", real_put)
     (version,) = began
     key = f"/bucket-east/ckpt/{version}"
     assert service.storage.puts == [f"{key} 1", f"{key} 2"]
@@ -391,9 +367,7 @@ async def test_a_long_write_signs_its_parts_again_before_they_expire(
     service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """URLs with less than the margin left are signed again by the service."""
-    from o41.client import artifacts as client_module
-
-    monkeypatch.setattr(client_module, "RESIGN_MARGIN", 3600.0)  # every URL is about to expire
+    monkeypatch.setattr(transfers, "RESIGN_MARGIN", 3600.0)  # every URL is about to expire
     data = os.urandom(PART_SIZE + 1000)
     path = tmp_path / "long"
     path.write_bytes(data)

@@ -36,20 +36,20 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from o41.client import directories as _directories
-from o41.client.artifacts import (
+from o41.client.artifacts import Artifacts
+from o41.client.errors import (
     ArtifactError,
-    Artifacts,
     BadRequest,
     Conflict,
     Damaged,
     Forbidden,
     NotFound,
-    RangeReader,
     ServiceError,
     TransportError,
     Unauthorized,
     Unavailable,
 )
+from o41.client.reads import RangeReader
 from o41.core.places import Place
 
 __all__ = [

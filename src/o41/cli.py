@@ -56,7 +56,7 @@ def _fail(args: argparse.Namespace, e: Exception) -> int:
     ``{"error": message, "status": HTTP status or null, ...}`` (a tag's ``current``)."""
     import json
 
-    from o41.client.artifacts import ServiceError
+    from o41.client.errors import ServiceError
 
     if getattr(args, "json", False):
         found: dict[str, object] = {"error": str(e), "status": None}
@@ -70,7 +70,7 @@ def _fail(args: argparse.Namespace, e: Exception) -> int:
 
 
 def _errors() -> tuple[type[Exception], ...]:
-    from o41.client.artifacts import ArtifactError
+    from o41.client.errors import ArtifactError
     from o41.client.place import PlaceConfigError
 
     return (ArtifactError, PlaceConfigError, OSError)

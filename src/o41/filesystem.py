@@ -39,8 +39,10 @@ from fsspec import AbstractFileSystem
 from fsspec.caching import ReadAheadCache
 from fsspec.spec import AbstractBufferedFile
 
-from o41.client.artifacts import ArtifactError, Artifacts, NotFound, Written, _Pool
+from o41.client.artifacts import Artifacts, Written
 from o41.client.directories import listing, locate_file
+from o41.client.errors import ArtifactError, NotFound
+from o41.client.transfers import Pool
 from o41.core.directories import FileEntry, children, entries_of, find, is_folder
 from o41.core.places import Place
 from o41.core.versions import LATEST, is_version
@@ -306,7 +308,7 @@ class O41File(AbstractBufferedFile):  # type: ignore[misc]
     def __init__(self, fs: O41FileSystem, path: str, found: Mapping[str, Any], **kwargs: Any):
         self.found = dict(found)
         self._signed_at = time.monotonic()
-        self._pool = _Pool(fs.api.timeout)
+        self._pool = Pool(fs.api.timeout)
         self.version: str = found["version"]
         super().__init__(fs, path, size=found["size"], **kwargs)
         if kwargs.get("cache_type") is None:  # the caller's choice, if any, stays

@@ -1,4 +1,9 @@
-"""The client used inside pods: its place, and (later) writes and reads through the service.
+"""The client used inside pods: its place, and writes and reads through the service.
+
+A module a capability, layered (pyproject.toml's import-linter contract): ``directories``
+on ``artifacts`` (the client: ``Artifacts``, its results), on ``retries``, ``reads``
+(downloads, the range readers), ``transfers`` (pre-signed URLs, the part pool,
+checksums), and at the bottom ``errors`` (the one hierarchy) and ``place``.
 
 Kept tiny on purpose: pods import it at start-up, so names are loaded on first use only.
 """

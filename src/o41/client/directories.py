@@ -20,22 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from o41.client.artifacts import (
-    BLOCK,
-    MAX_BEGINS,
-    ArtifactError,
-    Artifacts,
-    Progress,
-    RangeReader,
-    Read,
-    ServiceError,
-    UploadFailed,
-    _Body,
-    _failed_location,
-    _Pool,
-    _Source,
-    log,
-)
+from o41.client.artifacts import Artifacts, Read
+from o41.client.errors import ArtifactError
+from o41.client.reads import RangeReader
+from o41.client.retries import begin_elsewhere
+from o41.client.transfers import BLOCK, Body, Pool, Progress, Source, put
 from o41.core.directories import (
     MAX_FILES,
     DirectoryRefused,
@@ -176,36 +165,27 @@ def write_dir(
         request["metadata"] = dict(metadata)
     if tag is not None:
         request["tag"] = tag
-    exclude: list[str] = []
-    for _ in range(MAX_BEGINS):
-        try:
-            began = api.call("POST", "/v1/directories", {**request, "exclude": exclude})
-        except ServiceError as e:
-            failed = _failed_location(e)
-            if failed is None or failed in exclude:
-                raise
-            log.warning("%s; beginning again without location %s", e, failed)
-            exclude.append(failed)
-            continue
-        if began.get("warning"):
-            log.warning("%s", began["warning"])
-        try:
-            _upload(api, files, began["files"], size, began["location"])
-        except UploadFailed as e:
-            log.warning("%s; beginning again without location %s", e, began["location"])
-            exclude.append(began["location"])
-            continue
-        done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {})
-        return DirectoryWritten(
-            began["version"],
-            began["location"],
-            began["rule"],
-            began.get("warning"),
-            size,
-            len(entries),
-            done.get("tag"),
+
+    def begin(exclude: list[str]) -> Mapping[str, Any]:
+        began: Mapping[str, Any] = api.call(
+            "POST", "/v1/directories", {**request, "exclude": exclude}
         )
-    raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
+        return began
+
+    def send(began: Mapping[str, Any]) -> None:
+        _upload(api, files, began["files"], size, began["location"])
+
+    began, _ = begin_elsewhere(begin, send)
+    done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {})
+    return DirectoryWritten(
+        began["version"],
+        began["location"],
+        began["rule"],
+        began.get("warning"),
+        size,
+        len(entries),
+        done.get("tag"),
+    )
 
 
 def _upload(
@@ -216,18 +196,18 @@ def _upload(
     location: str,
 ) -> None:
     progress = Progress(size, f"upload to {location}")
-    pool = _Pool(api.timeout)
+    pool = Pool(api.timeout)
 
     def one(req: Mapping[str, Any]) -> None:
         local = files.get(req["path"])
         if local is None:
             raise ArtifactError(f"the service signed an upload of {req['path']!r}, not asked for")
-        source = _Source(path=local.source)
+        source = Source(path=local.source)
 
-        def body() -> _Body:
+        def body() -> Body:
             return source.slice(0, local.size, progress)
 
-        api._put(pool, req, body, local.size, location)
+        put(pool, req, body, local.size, location)
 
     try:
         with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
@@ -271,7 +251,7 @@ def locate_file(
 
 
 def _fetch(
-    pool: _Pool,
+    pool: Pool,
     req: Mapping[str, Any],
     dest: Path,
     size: int,
@@ -319,7 +299,7 @@ def read_dir(
     partial = out.with_name(out.name + ".o41-partial")
     shutil.rmtree(partial, ignore_errors=True)
     progress = Progress(found["size"], f"download from {found['location']}")
-    pool = _Pool(api.timeout)
+    pool = Pool(api.timeout)
 
     def one(f: Mapping[str, Any]) -> None:
         dest = partial.joinpath(*f["path"].split("/"))
@@ -356,7 +336,7 @@ def read_file(
     found = locate_file(api, organization, artifact, ref, path)
     out = Path(output)
     partial = out.with_name(out.name + ".o41-partial")
-    pool = _Pool(api.timeout)
+    pool = Pool(api.timeout)
     try:
         progress = Progress(found["size"], f"download from {found['location']}")
         _fetch(

@@ -7,6 +7,7 @@ proxy by ``hack/testbed-bin.sh``, each on a free loopback port.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -15,11 +16,15 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from o41.api import GROUP
 from o41.testbed.etcd import EtcdCluster
 from o41.testbed.pki import Authority, service_account_key
 from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[3]
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -78,6 +83,18 @@ def apply(kubeconfig: Path, *objects: Mapping[str, Any]) -> str:
     return kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(body))
 
 
+@dataclass(frozen=True)
+class Kube:
+    """What a test or a benchmark needs of a cluster: its kubeconfig, kubectl, and an API
+    client (the ``kube`` fixture of tests/fixtures/kube.py gives one)."""
+
+    kubeconfig: Path
+    api: client.ApiClient
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        return kubectl(self.kubeconfig, *args, input=input, check=check)
+
+
 @dataclass
 class ControlPlane:
     """The running control plane; ``kubeconfig`` is an admin (system:masters) kubeconfig."""
@@ -101,6 +118,21 @@ class ControlPlane:
     @property
     def pki(self) -> Path:
         return self.directory / "pki"
+
+    def forget(self, resource: str, name: str) -> None:
+        """Remove a cluster-scoped object of the product's group straight from this control
+        plane's etcd, past admission and finalizers: how the test bed clears what the
+        rules keep (a Location that took writes is retired, never deleted). The API
+        server's watch on etcd sees it go; owned objects go with it (the garbage collector)."""
+        assert self.etcd is not None, "not started"
+        key = f"/registry/{GROUP}/{resource}/{name}".encode()
+        body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
+        request = urllib.request.Request(  # noqa: S310 - our own loopback etcd
+            f"{self.etcd.endpoints[0]}/v3/kv/deleterange", data=body, method="POST"
+        )
+        no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with no_proxy.open(request, timeout=10) as answer:
+            answer.read()
 
     def start(self) -> ControlPlane:
         try:

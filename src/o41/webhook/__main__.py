@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         make_app(settings),
         host=args.host,
         port=args.port,
-        access_log=None,  # o41.webhook.request_ids writes one line per request
+        access_log=None,  # o41.webhook.http.request_ids writes one line per request
         print=logging.getLogger("o41.webhook").info,  # "Running on ...", as a log line
     )
     return 0

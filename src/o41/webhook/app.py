@@ -1,4 +1,5 @@
-"""The placement service's app factory: settings in, ``web.Application`` out.
+"""The placement service's app factory: settings in, ``web.Application`` out, every
+capability's routes on it.
 
 Resources live in ``cleanup_ctx`` (the state store, the Kubernetes view, the usage
 flusher), so tests and ``python -m o41.webhook`` build the very same app.
@@ -15,36 +16,23 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.state import Store, open_store
-from o41.webhook import (
-    auth,
-    collections,
-    errors,
-    placement,
-    request_ids,
-    telemetry,
-    usage_page,
-)
-from o41.webhook.backfill import backfilling
-from o41.webhook.batching import PutBatcher
-from o41.webhook.counts import VersionCounts
-from o41.webhook.keys import (
-    BATCHER,
-    BUCKETS,
-    COUNTS,
-    KUBE_API,
-    LEASES,
-    SECRETS,
-    SETTINGS,
-    STORE,
-    USAGE,
-    VIEW,
-)
+from o41.webhook.buckets import BUCKETS, Buckets, Opener
+from o41.webhook.collections import routes as collections
+from o41.webhook.directories import routes as directories_routes
+from o41.webhook.http import auth, errors, metrics, request_ids, telemetry
+from o41.webhook.http.settings import SETTINGS, Settings
+from o41.webhook.http.store import STORE
+from o41.webhook.http.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.retention import retaining
-from o41.webhook.settings import Settings
-from o41.webhook.sweeper import sweeping
-from o41.webhook.usage import Usage
-from o41.webhook.view import Cluster, Secrets, View, Watcher
-from o41.webhook.writes import Buckets, Opener, PendingLease
+from o41.webhook.usage import page as usage_page
+from o41.webhook.usage.counters import USAGE, Usage
+from o41.webhook.usage.counts import COUNTS, VersionCounts
+from o41.webhook.versions import routes as versions_routes
+from o41.webhook.writes import routes as writes_routes
+from o41.webhook.writes.backfill import backfilling
+from o41.webhook.writes.batching import BATCHER, PutBatcher
+from o41.webhook.writes.pending import LEASES, PendingLease
+from o41.webhook.writes.sweeper import sweeping
 
 __all__ = ["Settings", "make_app"]
 
@@ -133,7 +121,7 @@ async def metrics_listener(app: web.Application) -> AsyncIterator[None]:
     """``/metrics`` on ``settings.metrics_address``, a port of its own (docs/chart.md)."""
     address = app[SETTINGS].metrics_address
     assert address is not None
-    runner = web.AppRunner(usage_page.metrics_app(), access_log=None)
+    runner = web.AppRunner(metrics.metrics_app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, *address).start()
     yield
@@ -195,9 +183,13 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
-    app.add_routes(placement.routes)
-    usage_page.setup(app, reviewer, metrics=settings.metrics_address is None)
-    if settings.metrics_address is not None:
+    app.add_routes(writes_routes.routes)
+    app.add_routes(versions_routes.routes)
+    app.add_routes(directories_routes.routes)
+    usage_page.setup(app, reviewer)
+    if settings.metrics_address is None:
+        app.add_routes(metrics.routes)
+    else:
         app.cleanup_ctx.append(metrics_listener)
     collections.setup(app)
     return app

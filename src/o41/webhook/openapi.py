@@ -16,14 +16,9 @@ from pydantic.json_schema import models_json_schema
 
 from o41 import __version__
 from o41.core.usage import DEFAULT_WINDOW, WINDOWS
-from o41.webhook.placement import (
-    BeginIn,
-    CommitIn,
-    DirectoryBeginIn,
-    DirectoryCommitIn,
-    PartsIn,
-    TagIn,
-)
+from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
+from o41.webhook.versions.tags import TagIn
+from o41.webhook.writes.bodies import BeginIn, CommitIn, PartsIn
 
 REF = "#/components/schemas/{model}"
 

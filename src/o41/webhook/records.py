@@ -15,9 +15,9 @@
 - a version's record with ``deleting`` set (and its index key, likewise): retention is
   deleting it (``o41.webhook.retention``); reads answer 404 "deleted by retention".
 - ``backfill/index``: set once every version committed before the index has its index
-  key (``o41.webhook.backfill``).
+  key (``o41.webhook.writes.backfill``).
 - ``usage-by-hour/<hour>/<org>/<digest>``, ``usage-by-day/<day>/<org>/<digest>``: counters,
-  merged by compare-and-swap (o41.webhook.usage); ``usage/<org>/<hour>/<digest>``: the
+  merged by compare-and-swap (o41.webhook.usage.counters); ``usage/<org>/<hour>/<digest>``: the
   layout before, folded into those.
 """
 

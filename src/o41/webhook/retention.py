@@ -42,9 +42,11 @@ from aiohttp import web
 
 from o41.core.retention import Row, choose, keep_for
 from o41.state import Compare, Delete, KeyValue, Put, StoreUnavailable
-from o41.webhook.directories import delete_files
-from o41.webhook.errors import LocationFailed
-from o41.webhook.keys import RETENTION, SETTINGS, STORE, USAGE, VIEW
+from o41.webhook.buckets import bucket_for, delete_files
+from o41.webhook.http.errors import LocationFailed
+from o41.webhook.http.settings import SETTINGS
+from o41.webhook.http.store import STORE
+from o41.webhook.http.view import VIEW
 from o41.webhook.records import (
     ArtifactRecord,
     Tag,
@@ -56,7 +58,7 @@ from o41.webhook.records import (
     tags_prefix,
     version_key,
 )
-from o41.webhook.writes import bucket_for, location_dims
+from o41.webhook.usage.counters import USAGE, location_dims
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +262,9 @@ class Retention:
             [Put(vkey, kept), Put(index.key, kept)],
         )
         log.info("retention kept version %s: a tag points at it", version)
+
+
+RETENTION: web.AppKey[Retention] = web.AppKey("retention")
 
 
 async def retaining(app: web.Application) -> AsyncIterator[None]:

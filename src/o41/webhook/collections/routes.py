@@ -1,0 +1,58 @@
+"""The collections' routes on an app, and their lifecycle: the engine and the quota start
+with the state store, and buffered eventual writes are written out before it closes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from o41.collections.engine import Engine
+from o41.webhook.collections import websocket
+from o41.webhook.collections.operations import ROUTE, USAGE_ROUTE, handle, usage
+from o41.webhook.collections.quota import Quota
+from o41.webhook.collections.service import COLLECTIONS, Collections, Options
+from o41.webhook.http import telemetry
+from o41.webhook.http.store import STORE
+
+__all__ = ["COLLECTIONS", "Options", "setup"]
+
+
+def setup(app: web.Application, options: Options | None = None) -> None:
+    """Add the collections' routes to ``app``; its state store is ``app[STORE]`` once
+    started. On shutdown, buffered eventual writes are written out before the store closes
+    (the app's earlier cleanup contexts close after this one)."""
+    holder = Collections(options or Options.from_environment())
+    app[COLLECTIONS] = holder
+    app.router.add_post(ROUTE, handle)
+    app.router.add_get(websocket.WS_ROUTE, websocket.websocket)
+    app.router.add_get(USAGE_ROUTE, usage)
+
+    async def shutdown(app: web.Application) -> None:
+        """Idle WebSockets close now; busy ones right after their answer."""
+        holder.closing = True
+        await holder.close_idle(0, b"the service is shutting down: reconnect")
+
+    app.on_shutdown.append(shutdown)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        o = holder.options
+        holder.engine = Engine(
+            app[STORE],
+            flush_interval=o.flush_interval,
+            max_batch=o.max_batch,
+            max_buffer=o.max_buffer,
+            max_wait=o.max_wait,
+        )
+        holder.quota = Quota(app[STORE], o.limits)
+        telemetry.ENGINE.follow(holder.engine)
+        loop = asyncio.get_running_loop()
+        sweeper = loop.create_task(websocket.close_idle(holder))
+        counter = loop.create_task(holder.quota.run())
+        yield
+        sweeper.cancel()
+        counter.cancel()
+        await holder.engine.close()
+
+    app.cleanup_ctx.append(lifecycle)

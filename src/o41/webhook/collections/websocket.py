@@ -1,0 +1,173 @@
+"""The collections' WebSocket: many operations over one connection, answered in order
+(see ``o41.webhook.collections`` for the messages). Its token is checked again every
+``RECHECK`` seconds, and the service closes it only between two operations."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from o41.collections import wire
+from o41.collections.checks import BadRequest, CollectionError
+from o41.collections.engine import Engine
+from o41.jsonlimits import TooDeep, check_depth
+from o41.webhook.collections.operations import engine_of, perform
+from o41.webhook.collections.quota import LimitReached, Quota
+from o41.webhook.collections.service import COLLECTIONS as COLLECTIONS  # its tests read it here
+from o41.webhook.collections.service import RECONNECT, Collections
+from o41.webhook.http import auth, telemetry
+from o41.webhook.http.errors import problem
+
+log = logging.getLogger("o41.webhook.collections")  # its name is a log field: kept
+
+WS_ROUTE = "/v1/collections"
+RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's cache TTL)
+IDLE = 120.0  # seconds without a message before the service closes a WebSocket
+MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to spare
+PROTOCOL = wire.PROTOCOL  # the WebSocket subprotocol (tests set another)
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    """Operations over one WebSocket, one at a time, answered in order; see
+    ``o41.webhook.collections`` for the messages and when the service closes it."""
+    engine = engine_of(request)
+    ws = web.WebSocketResponse(
+        max_msg_size=MAX_MESSAGE, compress=False, autoping=True, protocols=(PROTOCOL,)
+    )
+    if not ws.can_prepare(request).ok:
+        raise problem(
+            400,
+            f"GET {WS_ROUTE} is the collections' WebSocket: send 'Upgrade: websocket', or POST "
+            "one operation to /v1/collections/{compute}/{kind}/{name}/{op}",
+        )
+    await ws.prepare(request)
+    session = _Session(engine, request.app[COLLECTIONS], request[auth.CREDENTIAL])
+    await session.serve(ws, auth.caller(request))
+    return ws
+
+
+@dataclass
+class _Session:
+    """One WebSocket's operations: its token is checked again every ``RECHECK`` seconds,
+    and a shutdown closes it only between two operations (``holder.sockets``)."""
+
+    engine: Engine
+    holder: Collections
+    credential: auth.Credential
+
+    async def serve(self, ws: web.WebSocketResponse, who: auth.Caller) -> None:
+        holder = self.holder
+        holder.sockets[ws] = checked = time.monotonic()
+        why, running = b"the service is shutting down: reconnect", False
+        telemetry.WEBSOCKETS.inc()
+        telemetry.WEBSOCKETS_OPENED.inc()
+        try:
+            while not holder.closing:
+                message = await ws.receive()
+                if message.type is WSMsgType.BINARY:
+                    await ws.close(
+                        code=WSCloseCode.UNSUPPORTED_DATA, message=b"send operations as JSON text"
+                    )
+                    break
+                if message.type is not WSMsgType.TEXT or ws.closed:
+                    break  # closed by the client, broken, or closing: not run, it resends
+                holder.sockets[ws], running = None, True  # nobody closes it until it answered
+                if time.monotonic() - checked > RECHECK:
+                    if await _recheck(self.credential) != who:
+                        why, running = b"the token is no longer accepted: reconnect", False
+                        break
+                    checked = time.monotonic()
+                answer = await _answer(
+                    self.engine, who.namespace, message.data, holder.quota, self.credential
+                )
+                try:
+                    if answer is not None:
+                        await ws.send_str(answer)
+                except ConnectionError:
+                    break  # the client went away while its operation ran
+                holder.sockets[ws], running = time.monotonic(), False
+        finally:
+            telemetry.WEBSOCKETS.dec()
+            holder.sockets.pop(ws, None)
+            if ws.closed:
+                pass
+            elif running:  # cancelled during an operation (a shutdown that ran out of time)
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopped during the operation")
+            else:
+                await ws.close(code=RECONNECT, message=why)
+
+
+async def _recheck(credential: auth.Credential) -> auth.Caller | None:
+    """Who the token is now; None if it cannot be checked now either (the client
+    reconnects, and the upgrade says why if that lasts)."""
+    try:
+        return await credential.check()
+    except Exception:
+        log.exception("checking a WebSocket's token again failed")
+        return None
+
+
+async def _answer(
+    engine: Engine,
+    namespace: str,
+    data: str,
+    quota: Quota | None = None,
+    credential: auth.Credential | None = None,
+) -> str | None:
+    """The answer to one WebSocket message, refusals included (the socket stays open);
+    None for a quiet message that was not refused."""
+    try:
+        check_depth(data, what="the message")
+        message = wire.loads(data)
+    except TooDeep as e:
+        return _refusal(None, 400, str(e))
+    except ValueError:
+        message = None
+    if not isinstance(message, dict):
+        return _refusal(
+            None, 400, "each message must be a JSON object: id, compute, kind, name, op, args"
+        )
+    ident = message.get("id")
+    try:
+        compute, kind, name, op = (_text(message, f) for f in ("compute", "kind", "name", "op"))
+        args = message.get("args", {})
+        token = "" if credential is None else credential.token
+        result = await perform(engine, namespace, compute, kind, name, op, args, quota, token)
+    except LimitReached as e:
+        return _refusal(ident, e.status, str(e), e.retry_after)
+    except CollectionError as e:
+        return _refusal(ident, e.status, str(e))
+    except Exception:
+        log.exception("unexpected error on a collections WebSocket")
+        return _refusal(ident, 500, "internal error; it has been logged")
+    if message.get("quiet") is True:
+        return None
+    return wire.dumps({"id": ident, "status": 200, "result": result}).decode()
+
+
+def _refusal(ident: object, status: int, error: str, retry_after: int | None = None) -> str:
+    answer: dict[str, Any] = {"id": ident, "status": status, "error": error}
+    if retry_after is not None:
+        answer["retry_after"] = retry_after  # seconds, as the POST's Retry-After
+    return json.dumps(answer)
+
+
+async def close_idle(holder: Collections) -> None:
+    """Close WebSockets idle for :data:`IDLE` (a client that vanished without closing
+    leaves one); cheaper than a timeout on every receive."""
+    while True:
+        await asyncio.sleep(IDLE / 4)
+        await holder.close_idle(IDLE, b"idle: reconnect")
+
+
+def _text(message: dict[str, Any], what: str) -> str:
+    value = message.get(what)
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be text")
+    return value

@@ -1,0 +1,29 @@
+"""The placement service's settings (``python -m o41.webhook``'s flags, the chart's values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiohttp import web
+
+from o41.state import EtcdTls
+
+
+@dataclass(frozen=True)
+class Settings:
+    etcd_endpoints: list[str] = field(default_factory=list)  # empty: the embedded store
+    etcd_tls: EtcdTls | None = None  # for https:// endpoints
+    kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG
+    secrets_namespace: str = "o41-system"
+    authentication: Literal["tokenreview", "none"] = "tokenreview"
+    audiences: list[str] = field(default_factory=list)
+    usage_interval: float = 5.0
+    usage_hourly_days: int = 14  # hourly usage counters kept (the chart's usage.retention)
+    usage_daily_days: int = 400  # daily usage counters kept
+    store_timeout: float = 5.0
+    metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
+    retention_interval: float = 600.0  # seconds between passes over every covered artifact
+
+
+SETTINGS: web.AppKey[Settings] = web.AppKey("settings")

@@ -1,0 +1,156 @@
+"""Tags: move one to a version (compare-and-set when the caller says what it expects),
+delete one, list an artifact's. A move never lands on a version retention is deleting:
+its transaction is guarded by the version record's revision (``o41.webhook.retention``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+from pydantic import Field
+
+from o41.core.versions import VersionRefused, check_tag, ref_kind
+from o41.state import Compare, Delete, Put
+from o41.webhook.http.bodies import Model
+from o41.webhook.http.errors import problem
+from o41.webhook.http.scope import organization_for
+from o41.webhook.http.store import STORE
+from o41.webhook.records import Tag, tag_key, tags_prefix, version_key
+from o41.webhook.records import Version as VersionRecord
+from o41.webhook.versions.refs import check_artifact, deleted_by_retention, resolve
+
+
+class TagIn(Model):
+    """Move a tag to ``version`` (an id or ``latest``). With ``expected``, only if the tag
+    points at that version now; ``expected: null`` only if the tag does not exist yet;
+    without ``expected``, whatever it points at."""
+
+    version: str = Field(min_length=1, max_length=200)
+    expected: str | None = Field(default=None, max_length=200)
+
+
+def _tag_json(artifact: str, tag: str, record: Tag) -> dict[str, Any]:
+    return {"artifact": artifact, "tag": tag, "version": record.version, "set": record.set}
+
+
+async def list_tags(
+    app: web.Application, namespace: str, organization: str, artifact: str
+) -> dict[str, Any]:
+    org = organization_for(app, organization, namespace)
+    check_artifact(artifact)
+    prefix = tags_prefix(org.name, artifact)
+    found = await app[STORE].range(prefix, limit=1000)
+    return {
+        "organization": org.name,
+        "artifact": artifact,
+        "tags": [
+            _tag_json(artifact, kv.key[len(prefix) :].decode(), Tag.load(kv.value)) for kv in found
+        ],
+    }
+
+
+def _lost(artifact: str, tag: str, current: Tag | None, expected: str | None) -> web.HTTPException:
+    now = "does not exist" if current is None else f"points at version {current.version}"
+    wanted = "not to exist" if expected is None else f"to point at version {expected}"
+    return problem(
+        409,
+        f"tag {tag!r} of {artifact!r} {now}, not as expected ({wanted}): another writer "
+        "moved it; read it again and decide",
+        current=None if current is None else current.version,
+    )
+
+
+async def move_tag(
+    app: web.Application,
+    namespace: str,
+    organization: str,
+    artifact: str,
+    tag: str,
+    body: TagIn,
+) -> dict[str, Any]:
+    """Point ``tag`` at a version, by compare-and-set when the body says what it expects."""
+    org = organization_for(app, organization, namespace)
+    check_artifact(artifact)
+    check_tag(tag)
+    store = app[STORE]
+    expects = "expected" in body.model_fields_set
+    if expects and body.expected is not None and ref_kind(body.expected) != "version":
+        raise VersionRefused(
+            f"expected must be a version id or null (the tag must not exist), not "
+            f"{body.expected[:80]!r}"
+        )
+    if ref_kind(body.version) == "tag":
+        raise VersionRefused(
+            f"a tag points at a version id or 'latest', not at another tag ({body.version!r}): "
+            "resolve that tag first"
+        )
+    target, _ = await resolve(app, org.name, artifact, body.version)
+    # the version's record unchanged since it was read: retention marks it before it
+    # deletes it, so a tag never lands on a version being deleted (webhook/retention.py)
+    vkey = version_key(org.name, artifact, target.version)
+    held = await store.get(vkey)
+    if held is None or VersionRecord.load(held.value).deleting is not None:
+        raise deleted_by_retention(org.name, artifact, target.version)
+    key = tag_key(org.name, artifact, tag)
+    current = await store.get(key)
+    now = None if current is None else Tag.load(current.value)
+    if expects and (None if now is None else now.version) != body.expected:
+        raise _lost(artifact, tag, now, body.expected)
+    record = Tag(version=target.version, set=time.time(), namespace=namespace)
+    guard = (
+        Compare(key, "version", "==", 0)
+        if current is None
+        else Compare(key, "mod", "==", current.mod_revision)
+    )
+    unchanged = Compare(vkey, "mod", "==", held.mod_revision)
+    result = await store.txn([guard, unchanged], [Put(key, record.dump())], [])
+    if not result.succeeded:
+        now_held = await store.get(vkey)
+        if now_held is None or now_held.mod_revision != held.mod_revision:
+            raise deleted_by_retention(org.name, artifact, target.version)
+        again = await store.get(key)
+        raise _lost(
+            artifact,
+            tag,
+            None if again is None else Tag.load(again.value),
+            body.expected if expects else (None if now is None else now.version),
+        )
+    return {
+        **_tag_json(artifact, tag, record),
+        "previous": None if now is None else now.version,
+    }
+
+
+async def delete_tag(
+    app: web.Application,
+    namespace: str,
+    organization: str,
+    artifact: str,
+    tag: str,
+    expected: str | None,
+) -> dict[str, Any]:
+    """Delete a tag (only if it points at ``expected``, when given)."""
+    org = organization_for(app, organization, namespace)
+    check_artifact(artifact)
+    check_tag(tag)
+    if expected is not None and ref_kind(expected) != "version":
+        raise VersionRefused(f"expected must be a version id, not {expected[:80]!r}")
+    store = app[STORE]
+    key = tag_key(org.name, artifact, tag)
+    current = await store.get(key)
+    if current is None:
+        raise problem(404, f"artifact {artifact!r} of organization {org.name!r} has no tag {tag!r}")
+    now = Tag.load(current.value)
+    if expected is not None and now.version != expected:
+        raise _lost(artifact, tag, now, expected)
+    result = await store.txn([Compare(key, "mod", "==", current.mod_revision)], [Delete(key)])
+    if not result.succeeded:
+        again = await store.get(key)
+        raise _lost(artifact, tag, None if again is None else Tag.load(again.value), now.version)
+    return {"artifact": artifact, "tag": tag, "deleted": now.version}
+
+
+def tag_name(tag: str | None) -> str | None:
+    """A tag given at write time, checked before anything is written."""
+    return None if tag is None else check_tag(tag)

@@ -1,0 +1,229 @@
+"""Commit a write: once the bucket really holds what was declared, one transaction turns
+the pending record into the version (its record, its index key, the artifact's record,
+the tag), and the counters and retention hear of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from aiohttp import web
+
+from o41 import logs
+from o41.core.versions import check_metadata, check_tag, index_suffix
+from o41.core.writes import Declared, Held, WriteRefused, check_commit, etags_problem
+from o41.locations import Location
+from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
+from o41.webhook.buckets import OpenBucket, bucket_for
+from o41.webhook.http.errors import problem
+from o41.webhook.http.store import STORE
+from o41.webhook.http.view import VIEW
+from o41.webhook.records import (
+    ArtifactRecord,
+    Pending,
+    Tag,
+    Version,
+    artifact_key,
+    index_prefix,
+    pending_key,
+    tag_key,
+    version_key,
+)
+from o41.webhook.retention import RETENTION
+from o41.webhook.usage.counters import USAGE, location_dims
+from o41.webhook.usage.counts import COUNTS
+from o41.webhook.writes.bodies import CommitIn
+
+
+async def commit(
+    app: web.Application, namespace: str, version: str, body: CommitIn
+) -> dict[str, Any]:
+    """Make a version readable, once the bucket really holds what was declared."""
+    store = app[STORE]
+    c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=False)
+    found, pending, metadata, tag, location, opened = c
+    bucket = opened.bucket
+    if pending.upload_id is not None:
+        if why := etags_problem(pending.parts, body.etags):
+            raise WriteRefused(why)
+        upload_id = pending.upload_id
+        await opened.call(
+            location.name,
+            lambda: bucket.complete_multipart(pending.key, upload_id, body.etags, pending.crc32),
+        )
+    stat = await opened.call(location.name, lambda: bucket.stat(pending.key))
+    held = check_commit(
+        version,
+        Declared(pending.size, body.md5 or pending.md5, pending.crc32),
+        None if stat is None else Held(stat.size, stat.md5, stat.crc32),
+    )
+    record = version_of(pending, held.size, held.md5 or pending.md5, metadata)
+    succeeded = await make_version(store, pending, found.mod_revision, record, tag, namespace)
+    if succeeded:  # only the commit that made the version counts it (not replays)
+        count_write(app, pending, location, held.size)
+    return {
+        "version": version,
+        "location": location.name,
+        "size": held.size,
+        "md5": record.md5,
+        "tag": tag,
+    }
+
+
+class Committing(NamedTuple):
+    """What a commit works from: the pending write (and its key, whose revision guards
+    the commit), the metadata and tag it commits with, and its location's bucket."""
+
+    found: KeyValue
+    pending: Pending
+    metadata: dict[str, Any] | None
+    tag: str | None
+    location: Location
+    opened: OpenBucket
+
+
+async def to_commit(
+    app: web.Application,
+    namespace: str,
+    version: str,
+    metadata: dict[str, Any] | None,
+    tag: str | None,
+    *,
+    directory: bool,
+) -> Committing:
+    """The pending write a commit of ``version`` makes a version of (404: none; 403:
+    another namespace's; 409: a directory's at the file's commit, or the reverse), the
+    commit's ``metadata`` merged over begin's and its ``tag`` over begin's, checked."""
+    found = await app[STORE].get(pending_key(version))
+    if found is None:
+        raise problem(
+            404,
+            f"no write {version!r} is waiting for its commit: it expired, was committed "
+            "already, or never began; begin again",
+        )
+    pending = Pending.load(found.value)
+    if pending.namespace != namespace:
+        raise problem(403, f"write {version!r} began in another namespace")
+    logs.known(organization=pending.organization, location=pending.location)
+    if directory and pending.manifest is None:
+        raise problem(
+            409, f"write {version!r} is one file: commit it at /v1/writes/{version}/commit"
+        )
+    if not directory and pending.manifest is not None:
+        raise problem(
+            409, f"write {version!r} is a directory: commit it at /v1/directories/{version}/commit"
+        )
+    merged = pending.metadata
+    if metadata is not None:
+        merged = check_metadata({**(merged or {}), **metadata})
+    tag = pending.tag if tag is None else check_tag(tag)
+    location = app[VIEW].locations.get(pending.location)
+    if location is None:
+        raise problem(409, f"location {pending.location!r} is gone; begin again")
+    return Committing(found, pending, merged, tag, location, await bucket_for(app, location))
+
+
+def version_of(
+    pending: Pending,
+    size: int,
+    md5: str | None,
+    metadata: dict[str, Any] | None,
+    files: int | None = None,
+) -> Version:
+    """The record of the version ``pending`` becomes, committed now."""
+    return Version(
+        organization=pending.organization,
+        artifact=pending.artifact,
+        version=pending.version,
+        location=pending.location,
+        key=pending.key,
+        size=size,
+        md5=md5,
+        rule=pending.rule,
+        cloud=pending.cloud,
+        region=pending.region,
+        source=pending.source,
+        committed=time.time(),
+        metadata=metadata,
+        files=files,
+        # a reader checks each range of whole parts against these
+        part_size=pending.part_size if pending.crc32 else None,
+        crc32=pending.crc32,
+    )
+
+
+def count_write(app: web.Application, pending: Pending, location: Location, size: int) -> None:
+    """A committed version in the counters: the location's, and the usage page's."""
+    app[COUNTS].committed(location.name)
+    app[RETENTION].committed(pending.organization, pending.artifact)
+    app[USAGE].add(
+        pending.organization,
+        "write",
+        {
+            "cloud": pending.cloud,
+            "region": pending.region,
+            "source": pending.source,
+            "rule": pending.rule,
+            **location_dims(location),
+        },
+        versions=1,
+        bytes=size,
+    )
+
+
+COMMIT_ATTEMPTS = 20
+
+
+async def make_version(
+    store: Store,
+    pending: Pending,
+    pending_mod: int,
+    record: Version,
+    tag: str | None,
+    namespace: str,
+    extra: Sequence[Put] = (),
+) -> bool:
+    """One transaction turns the pending write into the version: its record, its index
+    key (the artifact's next commit sequence number, newest first), the artifact's record
+    (its count and latest) and the tag given at write time. The artifact's record is
+    guarded by its revision, so commits of one artifact take sequence numbers one at a
+    time; one that loses to another commit of the artifact takes the next number. False
+    when another commit of this very write made the version first (a replay). ``extra``:
+    more keys the version comes with (a directory's manifest)."""
+    org, artifact, version = pending.organization, pending.artifact, pending.version
+    akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
+    for _ in range(COMMIT_ATTEMPTS):
+        current = await store.get(akey)
+        if current is None:
+            guard = Compare(akey, "version", "==", 0)
+            seq = 1
+        else:
+            guard = Compare(akey, "mod", "==", current.mod_revision)
+            seq = ArtifactRecord.load(current.value).count + 1
+        numbered = replace(record, seq=seq)
+        listed = replace(numbered, part_size=None, crc32=None).dump()  # a page stays small
+        made: list[Delete | Put] = [
+            Delete(pending_key(version)),
+            Put(vkey, numbered.dump()),
+            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), listed),
+            Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+            *extra,
+        ]
+        if tag is not None:
+            moved = Tag(version, record.committed, namespace)
+            made.append(Put(tag_key(org, artifact, tag), moved.dump()))
+        pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
+        result = await store.txn([pending_guard, guard], made)
+        if result.succeeded:
+            return True
+        if await store.get(vkey) is not None:
+            return False  # made by a replay of this commit
+        still = await store.get(pending_key(version))
+        if still is None or still.mod_revision != pending_mod:
+            raise problem(409, f"write {version!r} changed while committing; commit again")
+        # another version of the artifact took the sequence number: the next one
+    raise StoreUnavailable(
+        f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
+    )
