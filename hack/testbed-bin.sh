@@ -5,26 +5,33 @@
 # rules`), pinned by version and cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
-#   hack/testbed-bin.sh etcd ...   only those parts (helm kwok etcd versitygw kube-score promtool kube
-#                                  coredns)
+#   hack/testbed-bin.sh etcd ...   only those parts (etcd versitygw kube-score promtool kube)
 #   hack/testbed-bin.sh --print    print the bin directory only (no build)
 #
-# A binary added to a part builds alone: the others are found in the bin directory and
-# kept (the directory is named by the versions of the first four, not by its contents).
-# kubelet and kube-proxy are the real node's (src/o41/testbed/node.py); CoreDNS, its
-# cluster DNS, lives in a directory of its own version and is linked into the bin directory.
+# The bin directory is named by a hash of every pin below, so a new pin builds a new set
+# (the Go build cache keeps what did not change).
 #
-# Why a throwaway module for Kubernetes: k8s.io/kubernetes replaces its ~33 staging modules
-# with ./staging paths, so `go install` refuses it. Every staging module is also published as
-# v0.X.Y, so a module that requires k8s.io/kubernetes v1.X.Y and replaces each staging module
-# with k8s.io/<name> v0.X.Y builds the real binaries.
+# One Go module builds every binary made of Kubernetes' libraries (the part "kube": the five
+# kube binaries, kwok, helm and CoreDNS) in one `go build`: the libraries (k8s.io/api,
+# apimachinery, client-go, ...) are compiled once, at the Kubernetes release's own version,
+# instead of once per tool at three others. kube-score builds on its own: v1.20.0 imports
+# API groups (autoscaling/v2beta1) that k8s.io/api v0.37 no longer has. The pins are releases whose own
+# go.mod asks for k8s.io v0.36-0.37, so the one version they all get differs little from
+# the one each was released with. CoreDNS is built with only the plugins the real node's
+# Corefile uses (src/o41/testbed/node.py): no cloud SDKs, as CoreDNS's docs describe for
+# an external main.
+#
+# Why a module at all for Kubernetes: k8s.io/kubernetes replaces its ~33 staging modules
+# with ./staging paths, so `go install` refuses it. Every staging module is also published
+# as v0.X.Y, so a module that requires k8s.io/kubernetes v1.X.Y and replaces each staging
+# module with k8s.io/<name> v0.X.Y builds the real binaries.
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
-KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
-HELM_VERSION=${HELM_VERSION:-v3.20.2}
-COREDNS_VERSION=${COREDNS_VERSION:-v1.14.6} # what kubeadm v1.37 deploys
+KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test_chart_hygiene.py)
 # Debian bookworm's prometheus package, of which only promtool is kept (never installed:
@@ -32,15 +39,13 @@ KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test
 PROMTOOL_DEB=${PROMTOOL_DEB:-prometheus}
 
 CACHE=${O41_CACHE:-$HOME/.cache/o41}
-BIN="$CACHE/bin/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
+PINS="kube $KUBE_VERSION etcd $ETCD_VERSION kwok $KWOK_VERSION helm $HELM_VERSION coredns $COREDNS_VERSION versitygw $VERSITYGW_VERSION kube-score $KUBE_SCORE_VERSION"
+BIN="$CACHE/bin/kube-$KUBE_VERSION-$(echo "$PINS" | sha256sum | cut -c1-12)"
 BUILD="$CACHE/build"
 LOG="$CACHE/build.log"
 
 if [[ "${1:-}" == "--print" ]]; then echo "$BIN"; exit 0; fi
 mkdir -p "$BIN" "$BUILD"
-# one build at a time on this machine: a second caller waits, then finds the binaries
-exec 9>"$CACHE/build.lock"
-flock 9
 export GOFLAGS="-buildvcs=false -trimpath" CGO_ENABLED=0
 
 timed() { # timed NAME CMD...: run CMD, log wall time and peak memory
@@ -52,16 +57,22 @@ timed() { # timed NAME CMD...: run CMD, log wall time and peak memory
   cat "$one" >&2
 }
 
+# The plugins of the real node's Corefile, and nothing else.
+COREDNS_PLUGINS=(bind errors ready kubernetes cache template)
+
 build_kube() {
-  local need=()
+  local need=() b
   for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     [[ -x "$BIN/$b" ]] || need+=("k8s.io/kubernetes/cmd/$b")
   done
+  [[ -x "$BIN/kwok" && -f "$BIN/kwok-stages.yaml" ]] || need+=("sigs.k8s.io/kwok/cmd/kwok")
+  [[ -x "$BIN/helm" ]] || need+=("helm.sh/helm/v3/cmd/helm")
+  [[ -x "$BIN/coredns" ]] || need+=("o41.local/testbed/kube/coredns")
   [[ ${#need[@]} -eq 0 ]] && return 0
   local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
   local staging=v0.${KUBE_VERSION#v1.}
   local dir="$BUILD/kube-$KUBE_VERSION"
-  mkdir -p "$dir"
+  rm -rf "$dir" && mkdir -p "$dir/coredns"
   local gomod
   gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   {
@@ -69,16 +80,53 @@ build_kube() {
     echo
     grep -E '^go ' "$gomod"
     echo
-    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    echo "require ("
+    echo "	k8s.io/kubernetes $KUBE_VERSION"
+    echo "	sigs.k8s.io/kwok $KWOK_VERSION"
+    echo "	helm.sh/helm/v3 $HELM_VERSION"
+    echo "	github.com/coredns/coredns $COREDNS_VERSION"
+    echo ")"
     echo
     grep -E '=> \./staging/' "$gomod" | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
   } > "$dir/go.mod"
-  # -mod=mod lets go build fill in go.sum and the indirect requirements.
-  (cd "$dir" && timed kube go build -mod=mod -o "$BIN/" -ldflags "-s -w \
-      -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \
+  {
+    echo "// CoreDNS with the real node's plugins only (generated by hack/testbed-bin.sh)."
+    echo "package main"
+    echo
+    echo "import ("
+    echo "	\"github.com/coredns/coredns/coremain\""
+    for b in "${COREDNS_PLUGINS[@]}"; do echo "	_ \"github.com/coredns/coredns/plugin/$b\""; done
+    echo ")"
+    echo
+    echo "func main() { coremain.Run() }"
+  } > "$dir/coredns/main.go"
+  # helm is linked as its Makefile does, with the Kubernetes version of its client-go (here
+  # the release's own): without it `helm template` assumes 1.20 and refuses the chart's
+  # kubeVersion. -X of a symbol a binary lacks is ignored, so one set of flags serves all.
+  local flags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \
       -X k8s.io/component-base/version.gitMajor=1 \
       -X k8s.io/component-base/version.gitMinor=$minor \
-      -X k8s.io/component-base/version.gitTreeState=clean" "${need[@]}")
+      -X k8s.io/component-base/version.gitTreeState=clean \
+      -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in pkg/chartutil pkg/lint/rules; do
+    flags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor"
+  done
+  # built aside and moved into place: a helm or kwok that a test runs now is never overwritten
+  local out="$dir/bin"
+  mkdir -p "$out"
+  # -mod=mod lets go build fill in go.sum and the indirect requirements.
+  (cd "$dir" && timed kube go build -mod=mod -o "$out/" -ldflags "$flags" "${need[@]}")
+  # kwok's stages (since v0.8 none are built in): its own "fast" set, kustomize/stage/fast
+  # of the kwok module (node initialize and heartbeat with lease, pod ready, complete and
+  # delete), handed to kwok by `--config` (src/o41/testbed/kube.py)
+  local stages
+  stages="$(cd "$dir" && go list -mod=mod -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+      pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"; cat "$stages/$f"
+  done > "$out/kwok-stages.yaml"
+  mv -f "$out"/* "$BIN/"
+  echo "1.$minor" > "$BIN/helm.kube-version"
 }
 
 build_etcd() {
@@ -92,56 +140,19 @@ build_etcd() {
     && timed etcd go build -mod=mod -o "$BIN/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3)
 }
 
-build_kwok() {
-  [[ -x "$BIN/kwok" ]] && return 0
-  GOBIN="$BIN" timed kwok go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-}
-
-build_helm() {
-  # The Kubernetes version `helm template` and `helm lint` assume without a cluster is set
-  # at link time, as helm's Makefile does (from its client-go, v0.35 for v3.20): without it
-  # helm says v1.20.0 and refuses the chart's kubeVersion. A stamp file carries the flags.
-  local kv=1.35 stamp="$BIN/helm.kube-version"
-  [[ -x "$BIN/helm" && "$(cat "$stamp" 2>/dev/null)" == "$kv" ]] && return 0
-  local flags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  for pkg in pkg/chartutil pkg/lint/rules; do
-    flags+=" -X helm.sh/helm/v3/$pkg.k8sVersionMajor=${kv%%.*} -X helm.sh/helm/v3/$pkg.k8sVersionMinor=${kv#*.}"
-  done
-  # built aside and renamed into place: a helm another test runs now is never overwritten
-  local tmp="$BUILD/helm-gobin"
-  rm -rf "$tmp" && mkdir -p "$tmp"
-  GOBIN="$tmp" timed helm go install -ldflags "$flags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  mv -f "$tmp/helm" "$BIN/helm"
-  echo "$kv" > "$stamp"
-}
-
-build_coredns() {
-  local dir="$CACHE/bin/coredns-$COREDNS_VERSION"
-  if [[ ! -x "$dir/coredns" ]]; then
-    mkdir -p "$dir"
-    GOBIN="$dir" timed coredns go install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
-  fi
-  ln -sfn "$dir/coredns" "$BIN/coredns"
-}
-
 build_versitygw() {
-  # The S3 stand-in that checks SigV4 (Apache-2.0; no replace directives, so `go install`).
-  # The bin directory's name doesn't carry its version: a stamp file does, so a new pin
-  # rebuilds it.
-  local stamp="$BIN/versitygw.version"
-  [[ -x "$BIN/versitygw" && "$(cat "$stamp" 2>/dev/null)" == "$VERSITYGW_VERSION" ]] && return 0
+  # The S3 stand-in that checks SigV4 (Apache-2.0; no replace directives, so `go install`;
+  # none of its libraries are Kubernetes', so it builds on its own, beside the kube part).
+  [[ -x "$BIN/versitygw" ]] && return 0
   GOBIN="$BIN" timed versitygw go install -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" \
     "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
-  echo "$VERSITYGW_VERSION" > "$stamp"
 }
 
 build_kube_score() {
-  # The chart's static checks (docs/chart.md, "Hygiene"). A stamp file carries its version.
-  local stamp="$BIN/kube-score.version"
-  [[ -x "$BIN/kube-score" && "$(cat "$stamp" 2>/dev/null)" == "$KUBE_SCORE_VERSION" ]] && return 0
+  # The chart's static checks (docs/chart.md, "Hygiene").
+  [[ -x "$BIN/kube-score" ]] && return 0
   GOBIN="$BIN" timed kube-score go install -ldflags "-s -w -X main.version=$KUBE_SCORE_VERSION" \
     "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
-  echo "$KUBE_SCORE_VERSION" > "$stamp"
 }
 
 build_promtool() {
@@ -164,18 +175,21 @@ build_promtool() {
   echo "$version" > "$stamp"
 }
 
-# Two lanes: the kube binaries (one `go build`, the longest) and the rest one after the
-# other. go build already uses both cores, but each build also waits on module downloads
-# and links on one core: the lanes fill those gaps. The Go build cache is shared.
+# Two lanes: the kube part (one `go build`, the longest) and the rest one after the other.
+# go build already uses both cores, but it also waits on module downloads and links on one
+# core: the second lane fills those gaps. The Go build cache is shared.
 parts=("$@")
-[[ ${#parts[@]} -eq 0 ]] && parts=(etcd helm kwok versitygw kube-score promtool coredns kube)
+[[ ${#parts[@]} -eq 0 ]] && parts=(etcd versitygw kube-score promtool kube)
 for part in "${parts[@]}"; do
   case "$part" in
-    helm|kwok|etcd|kube|coredns|versitygw|promtool|kube-score) ;;
-    *) echo "unknown part '$part' (helm kwok etcd versitygw kube-score promtool kube coredns)" >&2; exit 2 ;;
+    etcd|kube|versitygw|kube-score|promtool) ;;
+    *) echo "unknown part '$part' (etcd versitygw kube-score promtool kube)" >&2; exit 2 ;;
   esac
 done
-lane() { local part; for part in "$@"; do "build_${part//-/_}"; done; }
+# One build of a part at a time on this machine: a second caller of the same part waits,
+# then finds its binaries; different parts build side by side (.ci/run starts them so).
+locked() { (flock 9 && "build_${1//-/_}") 9>"$CACHE/build-$1.lock"; }
+lane() { local part; for part in "$@"; do locked "$part"; done; }
 small=()
 kube=no
 for part in "${parts[@]}"; do [[ "$part" == kube ]] && kube=yes || small+=("$part"); done

@@ -290,7 +290,7 @@ def test_kube_version_is_declared_and_enforced() -> None:
     assert "incompatible with Kubernetes v1.29.0" in done.stderr
     for ok in ("1.30.0", KUBE_VERSION):
         assert run_helm("template", "o41", str(CHART), "--kube-version", ok).returncode == 0
-    # and with no cluster and no flag: helm's own default version (1.35 for v3.20) passes
+    # and with no cluster and no flag: helm's own default version (its client-go's, 1.37) passes
     assert run_helm("template", "o41", str(CHART)).returncode == 0
 
 

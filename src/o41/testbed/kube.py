@@ -239,6 +239,9 @@ class ControlPlane:
                 "kwok",
                 [
                     str(self.bins / "kwok"),
+                    # its stages (node initialize and heartbeat, pod ready, complete and
+                    # delete): kwok v0.8 has none built in; hack/testbed-bin.sh writes them
+                    f"--config={self.bins / 'kwok-stages.yaml'}",
                     f"--kubeconfig={kubeconfig}",
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
