@@ -1,0 +1,232 @@
+"""Workload tokens of other issuers (other clusters' API servers), verified offline against
+each issuer's published keys (JWKS); the rules are ``o41.core.trust``, this is the I/O.
+
+The fetch is async because the service is aiohttp and a fetch is network I/O (the
+issuer's JWKS, or the keys the operator recorded); a sync source wraps itself in
+``asyncio.to_thread``. It is called only for an unknown kid, at most once a minute per
+issuer (:class:`~o41.core.trust.KeyRefetch`); when it fails the last good keys serve on.
+Verified tokens are cached by their SHA-256 (never the token) until their exp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from joserfc import jws
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey, RSAKey, import_key
+
+from o41.core.trust import (
+    BadSignature,
+    KeyRefetch,
+    KeysUnavailable,
+    Malformed,
+    Subject,
+    TrustPolicy,
+    UnknownIssuer,
+    UnknownKey,
+    check_claims,
+    check_header,
+    shown,
+)
+
+log = logging.getLogger("o41.webhook.tokens")
+MAX_TOKEN = 16 * 1024  # bytes: a projected token is about 1 KiB; refuse before decoding more
+FETCH_TIMEOUT = 10.0  # seconds: a hung issuer must not hold every waiting request forever
+
+Fetch = Callable[[TrustPolicy], Awaitable[Mapping[str, Any]]]
+VerifyKey = RSAKey | ECKey
+
+
+@dataclass
+class Issuer:
+    """One trusted issuer: its policy, its last good keys by kid, when they were fetched."""
+
+    policy: TrustPolicy
+    keys: dict[str, VerifyKey] = field(default_factory=dict)
+    last_fetch: float | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def import_keys(jwks: Mapping[str, Any]) -> dict[str, VerifyKey]:
+    """The public signing keys of a JWKS by kid; anything else in it is skipped."""
+    found: dict[str, VerifyKey] = {}
+    entries = jwks.get("keys")
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or entry.get("kty") not in ("RSA", "EC"):
+            continue
+        kid, use = entry.get("kid"), entry.get("use", "sig")
+        if not isinstance(kid, str) or not kid or use != "sig" or "d" in entry:
+            continue
+        try:
+            key = import_key(entry)
+        except (JoseError, ValueError, TypeError):
+            log.warning("skipped JWKS key %s: not a valid public key", shown(kid))
+            continue
+        if isinstance(key, RSAKey | ECKey):
+            found[kid] = key
+    return found
+
+
+def decode_segment(segment: str) -> dict[str, Any]:
+    """A base64url JSON object of a compact JWS, or :class:`Malformed`."""
+    try:
+        value = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+    except (binascii.Error, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise Malformed("token is not a compact JWS of JSON objects; send a JWT", None, None)
+    return value
+
+
+class TokenVerifier:
+    """Verifies tokens of the trusted issuers; ``verify`` answers a Subject or raises
+    :class:`~o41.core.trust.TokenRefused`."""
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        *,
+        clock: Callable[[], float] = time.time,
+        refetch: KeyRefetch = KeyRefetch(),  # noqa: B008 (frozen, immutable)
+        cache_size: int = 10_000,
+    ) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._refetch = refetch
+        self._cache_size = cache_size
+        self._issuers: dict[str, Issuer] = {}
+        self._cache: dict[bytes, tuple[float, Subject, Issuer, str]] = {}
+
+    def trust(self, policy: TrustPolicy, jwks: Mapping[str, Any] | None = None) -> None:
+        """Trust ``policy``'s issuer, with keys already known (the operator's) or none yet
+        (the first token fetches them). Given keys are not a fetch: a new kid may still
+        fetch at once. A changed policy drops the cache."""
+        old = self._issuers.get(policy.issuer)
+        if old is not None and old.policy.trust_domain != policy.trust_domain:
+            raise ValueError(
+                f"issuer {policy.issuer!r} is already trust domain {old.policy.trust_domain!r}"
+            )
+        issuer = Issuer(policy) if old is None else old
+        issuer.policy = policy
+        keys = import_keys(jwks) if jwks is not None else {}
+        if keys:  # as with a fetch, a set with no usable key leaves the last good keys
+            issuer.keys = keys
+        self._issuers[policy.issuer] = issuer
+        self._cache.clear()
+
+    def forget(self, trust_domain: str) -> None:
+        self._issuers = {
+            k: v for k, v in self._issuers.items() if v.policy.trust_domain != trust_domain
+        }
+        self._cache.clear()
+
+    async def verify(self, token: str) -> Subject:
+        now = self._clock()
+        digest = hashlib.sha256(token.encode()).digest()
+        hit = self._cache.get(digest)
+        if hit is not None:
+            until, subject, issuer, kid = hit
+            # Still valid, its issuer still trusted, its key still published.
+            current = self._issuers.get(issuer.policy.issuer)
+            if until > now and current is issuer and kid in issuer.keys:
+                return subject
+            del self._cache[digest]
+        header, claims = self.parse(token)
+        iss = claims.get("iss")
+        found = self._issuers.get(iss) if isinstance(iss, str) else None
+        if found is None:
+            raise UnknownIssuer(
+                f"token has issuer {shown(iss)} ('iss' claim), which no trust "
+                "domain names: a platform admin applies a TrustDomain for that issuer",
+                None,
+                "iss",
+            )
+        issuer = found
+        kid = check_header(issuer.policy, header)  # alg allowlist before any key is used
+        key = await self.key(issuer, kid)
+        try:
+            jws.deserialize_compact(token, key, algorithms=[header["alg"]])
+        except (JoseError, ValueError) as err:
+            domain = issuer.policy.trust_domain
+            raise BadSignature(
+                f"token of trust domain {domain!r} has a signature its key {shown(kid)} does "
+                "not verify ('kid' header): send a token this issuer signed, unmodified",
+                domain,
+                "kid",
+            ) from err
+        subject = check_claims(issuer.policy, header, claims, int(now))
+        self.remember(digest, subject, issuer, kid, now)
+        return subject
+
+    @staticmethod
+    def parse(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The header and the (not yet verified) claims: enough to choose issuer and key."""
+        parts = token.split(".")  # an empty signature is alg none's: the alg check says so
+        if len(token) > MAX_TOKEN or len(parts) != 3 or not parts[0] or not parts[1]:
+            raise Malformed("token is not a compact JWS (three parts); send a JWT")
+        return decode_segment(parts[0]), decode_segment(parts[1])
+
+    async def key(self, issuer: Issuer, kid: str) -> VerifyKey:
+        """The key ``kid``, fetching the issuer's keys again once if the rule allows."""
+        key = issuer.keys.get(kid)
+        if key is not None:
+            return key
+        async with issuer.lock:  # waiters see the fetch already under way, not a new one
+            key = issuer.keys.get(kid)
+            if key is None and self._refetch.allowed(issuer.last_fetch, self._clock()):
+                await self.fetch(issuer)
+                key = issuer.keys.get(kid)
+        if key is not None:
+            return key
+        domain = issuer.policy.trust_domain
+        if not issuer.keys:
+            raise KeysUnavailable(
+                f"keys of trust domain {domain!r} could not be fetched yet: retry later; "
+                "a platform admin checks the issuer's JWKS endpoint",
+                domain,
+                "kid",
+            )
+        raise UnknownKey(
+            f"token of trust domain {domain!r} names key {shown(kid)} ('kid' header), which "
+            "its issuer does not publish (checked again at most once a minute): send a "
+            "fresh token of that cluster",
+            domain,
+            "kid",
+        )
+
+    async def fetch(self, issuer: Issuer) -> None:
+        """One fetch of the issuer's keys; on failure the last good keys stay."""
+        issuer.last_fetch = self._clock()
+        domain = issuer.policy.trust_domain
+        try:
+            async with asyncio.timeout(FETCH_TIMEOUT):
+                jwks = await self._fetch(issuer.policy)
+        except Exception as err:  # any failure of the source: keep serving the last keys
+            log.warning("keys of trust domain %s not fetched: %r", domain, err)
+            return
+        keys = import_keys(jwks) if isinstance(jwks, Mapping) else {}
+        if not keys:
+            log.warning("keys of trust domain %s not replaced: the JWKS has no usable key", domain)
+            return
+        issuer.keys = keys
+
+    def remember(
+        self, digest: bytes, subject: Subject, issuer: Issuer, kid: str, now: float
+    ) -> None:
+        if subject.expires <= now:
+            return
+        if len(self._cache) >= self._cache_size:  # bounded: expired first, then the oldest
+            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+            while len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]
+        self._cache[digest] = (subject.expires, subject, issuer, kid)
