@@ -44,7 +44,13 @@ import aiohttp  # noqa: E402
 from o41.client.transfers import PARALLEL_PARTS  # noqa: E402
 from o41.core.places import Place  # noqa: E402
 from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
+from o41.testbed.kube import (  # noqa: E402
+    ControlPlane,
+    apply,
+    bin_dir,
+    kubectl,
+    service_account_token,
+)
 from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
 from o41.testbed.product import (  # noqa: E402
     OperatorProcess,
@@ -483,10 +489,7 @@ def main() -> int:
         service = PlacementProcess(kc, endpoints, work / "placement").start()
         assert service.server is not None
         started.append(service.server)
-        kubectl(kc, "create", "namespace", "bench")
-        token = ""
-        while not token:
-            token = kubectl(kc, "-n", "bench", "create", "token", "default", check=False).strip()
+        token = service_account_token(kc, "bench")
         time.sleep(2)
         rest = rss_mb(service.server.pid)
 

@@ -385,13 +385,8 @@ def begin(service: PlacementService, token: str, org: str) -> tuple[int, dict[st
 
 
 def namespace_token(kube: Kube, namespace: str) -> str:
-    kube.kubectl("create", "namespace", namespace)
-    wait_for(
-        lambda: kube.kubectl("-n", namespace, "get", "sa", "default", check=False),
-        30,
-        "the default ServiceAccount",
-    )
-    return kube.kubectl("-n", namespace, "create", "token", "default").strip()
+    kube.kubectl("create", "namespace", namespace)  # a new one: it must not exist yet
+    return kube.token(namespace)
 
 
 @on_the_bed

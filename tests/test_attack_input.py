@@ -172,9 +172,7 @@ def test_a_tokenreview_down_refuses_the_websocket_upgrade_with_503(service: Serv
 
 @pytest.fixture(scope="module")
 def pod_token(kube: Kube, placement: PlacementProcess) -> str:
-    namespace = "attack-input"
-    kube.kubectl("create", "namespace", namespace, check=False)
-    return kube.kubectl("-n", namespace, "create", "token", "default").strip()
+    return kube.token("attack-input")
 
 
 @pytest.mark.kube

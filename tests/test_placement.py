@@ -111,13 +111,7 @@ class World:
             self.kube.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=60s")
 
     def token(self, namespace: str) -> Path:
-        self.kube.kubectl("create", "namespace", namespace, check=False)
-        wait_for(
-            lambda: self.kube.kubectl("-n", namespace, "get", "sa", "default", check=False),
-            30,
-            "the default ServiceAccount",
-        )
-        token = self.kube.kubectl("-n", namespace, "create", "token", "default").strip()
+        token = self.kube.token(namespace)
         path = self.tmp / f"token-{namespace}"
         path.write_text(token)
         return path

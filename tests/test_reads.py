@@ -116,11 +116,7 @@ def reads(
     for store in PLACES:
         kube.kubectl("wait", "--for=condition=Ready", f"location/{org}-{store}", "--timeout=60s")
     kube.kubectl("create", "namespace", namespace)
-    token = wait_for(
-        lambda: kube.kubectl("-n", namespace, "create", "token", "default", check=False).strip(),
-        30,
-        "the default ServiceAccount",
-    )
+    token = kube.token(namespace)
     token_file = tmp / "token"
     token_file.write_text(token)
     wait_for(

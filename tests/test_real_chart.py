@@ -28,7 +28,7 @@ import yaml
 from o41.client.artifacts import ArtifactError, Artifacts
 from o41.core.places import Place
 from o41.location_record import record_name
-from o41.testbed.kube import kubectl
+from o41.testbed.kube import kubectl, service_account_token
 from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
 from o41.testbed.stores import S3Store, start_moto
 from test_chart import CHART, REPO, helm
@@ -365,10 +365,7 @@ class WriteLoop:
 
 def write_loop(installed: Installed, artifact: str) -> WriteLoop:
     """A loop writing as the Job's pods do: the default ServiceAccount of ml-training."""
-    installed.kubectl("create", "namespace", "ml-training", check=False)
-    token = installed.kubectl(
-        "create", "token", "default", "-n", "ml-training", "--duration=1h"
-    ).strip()
+    token = service_account_token(installed.kubeconfig, "ml-training", duration="1h")
     (installed.directory / "token").write_text(token)
     (installed.directory / "payload").write_bytes(os.urandom(4096))
     service = installed.json("service", f"{FULLNAME}-placement", "-n", NAMESPACE)

@@ -171,9 +171,7 @@ def setup(
         kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
     kube.kubectl("wait", "--for=condition=Ready", f"location/{loc}", "--timeout=60s")
     kube.kubectl("create", "namespace", namespace)
-    token = ""
-    while not token:  # the ServiceAccount appears a moment after its namespace
-        token = kube.kubectl("-n", namespace, "create", "token", "default", check=False).strip()
+    token = kube.token(namespace)
     token_file = tmp / "token"
     token_file.write_text(token)
     client = Artifacts(placement.url, str(token_file), Place("aws", "us-east-1", "env"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from o41.testbed import examples
-from o41.testbed.kube import apply, kubectl
+from o41.testbed.kube import apply, kubectl, service_account_token
 from o41.testbed.stack import Stack
 
 ORG = examples.ORGANIZATION
@@ -90,14 +90,8 @@ def _main_job(stack: Stack, work: Path) -> None:
     print(kubectl(kubeconfig, "get", "locations"))
     print(kubectl(kubeconfig, "get", "organizations"))
 
-    kubectl(kubeconfig, "create", "namespace", TEAM)
     token_file = work / "token"
-    for _ in range(100):  # the ServiceAccount appears when the controller-manager sees it
-        token = kubectl(kubeconfig, "-n", TEAM, "create", "token", "default", check=False)
-        if token:
-            break
-        time.sleep(0.1)
-    token_file.write_text(token.strip())
+    token_file.write_text(service_account_token(kubeconfig, TEAM))
 
     from o41.client.artifacts import Artifacts
     from o41.core.places import Place

@@ -83,6 +83,32 @@ def apply(kubeconfig: Path, *objects: Mapping[str, Any]) -> str:
     return kubectl(kubeconfig, "apply", "-f", "-", input=json.dumps(body))
 
 
+def service_account_token(
+    kubeconfig: Path,
+    namespace: str,
+    account: str = "default",
+    *,
+    duration: str | None = None,
+    timeout: float = 60.0,
+) -> str:
+    """A token of ``account`` in ``namespace``, the namespace made when missing. A new
+    namespace's ``default`` ServiceAccount is made a moment later, by the controller-manager
+    (later still on a busy machine): the token is asked for again until it exists."""
+    kubectl(kubeconfig, "create", "namespace", namespace, check=False)
+    argv = ["-n", namespace, "create", "token", account]
+    if duration:
+        argv.append(f"--duration={duration}")
+    token = ""
+
+    def minted() -> bool:
+        nonlocal token
+        token = kubectl(kubeconfig, *argv, check=False).strip()
+        return bool(token)
+
+    wait_until(minted, timeout=timeout, what=f"a token of {namespace}/{account}", interval=0.1)
+    return token
+
+
 @dataclass(frozen=True)
 class Kube:
     """What a test or a benchmark needs of a cluster: its kubeconfig, kubectl, and an API
@@ -93,6 +119,10 @@ class Kube:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return kubectl(self.kubeconfig, *args, input=input, check=check)
+
+    def token(self, namespace: str, account: str = "default", duration: str | None = None) -> str:
+        """:func:`service_account_token` on this cluster."""
+        return service_account_token(self.kubeconfig, namespace, account, duration=duration)
 
 
 @dataclass
