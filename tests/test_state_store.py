@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 
@@ -29,6 +30,8 @@ from o41.state import (
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from o41.testbed.etcd import EtcdCluster
+
+T = TypeVar("T")
 
 
 @pytest.fixture(
@@ -76,6 +79,20 @@ def test_open_store_picks_the_backend() -> None:
         EtcdStore(["unix:///run/etcd.sock"])
 
 
+async def until_caught_up(
+    read: Callable[[], Awaitable[T]], caught_up: Callable[[T], bool], seconds: float = 10
+) -> list[T]:
+    """Every answer of an eventual ``read``, up to the first that is ``caught_up`` or the
+    deadline: an eventual read may lag, then catches up (o41.state.Consistency). The caller
+    checks that each answer was a state that was."""
+    deadline = time.monotonic() + seconds
+    answers = [await read()]
+    while not caught_up(answers[-1]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the poll interval of a wait on a condition
+        answers.append(await read())
+    return answers
+
+
 async def test_put_get_revisions_and_versions(store: Store, p: bytes) -> None:
     assert await store.get(p + b"k") is None
     r1 = await store.put(p + b"k", b"one")
@@ -85,15 +102,14 @@ async def test_put_get_revisions_and_versions(store: Store, p: bytes) -> None:
     assert kv is not None
     assert (kv.value, kv.create_revision, kv.mod_revision, kv.version) == (b"two", r1, r2, 2)
     # an eventual read may lag (o41.state.Consistency): a state that was, then the write
-    deadline = time.monotonic() + 10
-    while True:
-        eventual = await store.get(p + b"k", consistency="eventual")
-        seen = None if eventual is None else (eventual.value, eventual.mod_revision)
-        assert seen in (None, (b"one", r1), (b"two", r2)), seen
-        if seen == (b"two", r2) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.01)
-    assert seen == (b"two", r2)
+
+    async def read() -> tuple[bytes, int] | None:
+        kv = await store.get(p + b"k", consistency="eventual")
+        return None if kv is None else (kv.value, kv.mod_revision)
+
+    answers = await until_caught_up(read, lambda seen: seen == (b"two", r2))
+    assert all(seen in (None, (b"one", r1), (b"two", r2)) for seen in answers), answers
+    assert answers[-1] == (b"two", r2)
     assert await store.delete(p + b"k") == 1
     assert await store.delete(p + b"k") == 0
     assert await store.get(p + b"k") is None
@@ -126,19 +142,17 @@ async def test_an_eventual_range_is_one_earlier_revision_then_catches_up(
     it reaches the last write (o41.state.Consistency)."""
     order = [b"b", b"a", b"c/x", b"c"]
     revisions = {p + b"r/" + k: await store.put(p + b"r/" + k, k) for k in order}
-    deadline = time.monotonic() + 10
-    seen: list[int] = []
-    while True:
-        got = {
-            kv.key: kv.mod_revision for kv in await store.range(p + b"r/", consistency="eventual")
-        }
+
+    async def read() -> dict[bytes, int]:
+        kvs = await store.range(p + b"r/", consistency="eventual")
+        return {kv.key: kv.mod_revision for kv in kvs}
+
+    answers = await until_caught_up(read, lambda got: len(got) == len(order))
+    for got in answers:
         assert all(revisions[key] == rev for key, rev in got.items())  # as written, no other
         upto = max(got.values(), default=0)
         assert set(got) == {key for key, rev in revisions.items() if rev <= upto}  # a prefix
-        seen.append(len(got))
-        if len(got) == len(order) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.01)
+    seen = [len(got) for got in answers]
     assert seen[-1] == len(order), seen
     assert seen == sorted(seen)  # the one member it asks never goes back
 
