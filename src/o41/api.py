@@ -233,12 +233,45 @@ class RetentionRule(Model):
     )
 
 
+Namespace = Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
+
+
+class Member(Model):
+    """Pods of another cluster (a TrustDomain) that may use the organization."""
+
+    trust_domain: str = Field(
+        description="The TrustDomain (another cluster's token issuer) the pods come from.",
+        pattern=NAME_PATTERN,
+        max_length=63,
+    )
+    namespaces: list[Namespace] = Field(
+        min_length=1,
+        max_length=256,
+        description="Namespaces of that cluster whose pods may use this organization. "
+        "`ml` of that cluster and `ml` of this one are different tenants: their "
+        "collections, quotas and pending writes never meet.",
+    )
+    service_accounts: list[
+        Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)]
+    ] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Only these ServiceAccounts of those namespaces; empty: any.",
+    )
+
+
 class OrganizationSpec(Model):
     """What the user declares: who may use it, and the picks of fallback and defaults."""
 
-    namespaces: list[Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]] = Field(
+    namespaces: list[Namespace] = Field(
         default_factory=list,
-        description="Namespaces whose pods may use this organization.",
+        description="Namespaces of this cluster whose pods may use this organization.",
+    )
+    members: list[Member] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Namespaces of other clusters (by TrustDomain) whose pods may use "
+        "this organization (docs/multi-cluster.md).",
     )
     fallback: str | None = Field(
         default=None,
@@ -270,5 +303,94 @@ class OrganizationStatus(Model):
         default=False, description="True once the organization has a Ready fallback."
     )
     locations: int = Field(default=0, description="How many Locations belong to it.")
+    observed_generation: int | None = Field(default=None, description=OBSERVED)
+    conditions: list[Condition] = Field(default_factory=list, description=CONDITIONS)
+
+
+# --- TrustDomain: another cluster's (or any OIDC) token issuer ---------------------------
+
+TRUST_DOMAIN_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: a tenant's prefix
+
+
+class TrustDomainKeys(Model):
+    """Where the issuer's public keys come from: at most one of jwksURL and jwks; neither
+    means OIDC discovery at `<issuer>/.well-known/openid-configuration`."""
+
+    jwks_url: str | None = Field(
+        default=None,
+        alias="jwksURL",
+        description="The JWKS URL (https), when the issuer publishes no discovery document.",
+        pattern=r"^https://",
+        max_length=2048,
+    )
+    jwks: str | None = Field(
+        default=None,
+        description="The JWKS itself (JSON), for an issuer the hub cannot reach "
+        "(`kubectl get --raw /openid/v1/jwks` in that cluster). Rotation then means "
+        "updating it.",
+        max_length=65536,
+    )
+
+
+class TrustDomainSpec(Model):
+    """Which issuer's tokens the service accepts, for which audiences, with which keys."""
+
+    issuer: str = Field(
+        description="The issuer URL, exactly as the tokens' `iss` claim says it "
+        "(`kubectl get --raw /.well-known/openid-configuration` in that cluster). "
+        "Unique across TrustDomains. Cannot change after creation: the tenants "
+        "`<trustDomain>:<namespace>` are that issuer's.",
+        pattern=r"^https://[^\s]+$",
+        max_length=2048,
+    )
+    audiences: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=lambda: ["o41"],
+        min_length=1,
+        max_length=16,
+        description="A token must name one of these in `aud`. Never the API server's "
+        "own audience: a token for the API server is refused.",
+    )
+    keys: TrustDomainKeys = Field(
+        default_factory=TrustDomainKeys,
+        description="Where the public keys come from; default: OIDC discovery.",
+    )
+    ca_bundle: str | None = Field(
+        default=None,
+        description="PEM CA certificates to verify the issuer's TLS (discovery, JWKS); "
+        "default: the system roots.",
+        max_length=65536,
+    )
+    refresh_interval: int = Field(
+        default=300,
+        ge=60,
+        le=86400,
+        description="Seconds between fetches of the keys by the operator.",
+    )
+    stale_after: int = Field(
+        default=86400,
+        ge=300,
+        le=30 * 86400,
+        description="Seconds after the last successful fetch past which the keys are no "
+        "longer trusted (tokens get 503 until a fetch succeeds): how long a removed key "
+        "may still be used when the issuer cannot be reached.",
+    )
+    clock_leeway: int = Field(
+        default=60,
+        ge=0,
+        le=300,
+        description="Seconds of clock skew allowed on exp, nbf and iat.",
+    )
+
+
+class TrustDomainStatus(Model):
+    """What the operator observed when it last fetched the keys (an output only: the keys
+    the service trusts are in the operator's record, never here)."""
+
+    key_ids: list[str] = Field(
+        default_factory=list, description="The kids of the keys last fetched."
+    )
+    last_fetched: str | None = Field(
+        default=None, description="When the keys were last fetched successfully (RFC 3339)."
+    )
     observed_generation: int | None = Field(default=None, description=OBSERVED)
     conditions: list[Condition] = Field(default_factory=list, description=CONDITIONS)
