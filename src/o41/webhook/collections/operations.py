@@ -38,7 +38,7 @@ async def handle(request: web.Request) -> web.Response:
     m = request.match_info
     where = (m["compute"], m["kind"], m["name"], m["op"])
     engine, quota = engine_of(request), request.app[COLLECTIONS].quota
-    caller = auth.caller(request).namespace, request[auth.CREDENTIAL].token
+    caller = auth.caller(request).tenant, request[auth.CREDENTIAL].token
     result = await perform(engine, caller[0], *where, args, quota, caller[1])
     return web.json_response(result)
 
@@ -102,7 +102,7 @@ async def usage(request: web.Request) -> web.Response:
     if quota is None:
         raise problem(503, "the collections are starting: try again")
     quota.take(request[auth.CREDENTIAL].token, 0)  # a rate refusal is errors' 429
-    return web.json_response(await namespace_usage(quota, auth.caller(request).namespace))
+    return web.json_response(await namespace_usage(quota, auth.caller(request).tenant))
 
 
 async def namespace_usage(quota: Quota, namespace: str) -> dict[str, Any]:

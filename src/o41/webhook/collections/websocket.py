@@ -84,7 +84,7 @@ class _Session:
                         break
                     checked = time.monotonic()
                 answer = await _answer(
-                    self.engine, who.namespace, message.data, holder.quota, self.credential
+                    self.engine, who.tenant, message.data, holder.quota, self.credential
                 )
                 try:
                     if answer is not None:

@@ -11,6 +11,7 @@ from o41.core.directories import FileEntry, check_path, find, load_manifest, obj
 from o41.core.places import Place, locality
 from o41.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
@@ -21,9 +22,9 @@ from o41.webhook.writes.read import count_read, located
 
 
 async def _directory(
-    app: web.Application, namespace: str, organization: str, artifact: str, ref: str
+    app: web.Application, caller: Caller, organization: str, artifact: str, ref: str
 ) -> tuple[str, Version, str | None, list[FileEntry], Location]:
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     record, tag = await resolve(app, org.name, artifact, ref)
     if record.files is None:
         raise problem(
@@ -43,7 +44,7 @@ async def _directory(
 
 async def files(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     ref: str,
@@ -53,9 +54,7 @@ async def files(
 ) -> dict[str, Any]:
     """A directory version's files (path, size, MD5), sorted by path; with ``download``,
     a signed download of each (a read of the whole directory, counted as one)."""
-    org, record, tag, entries, location = await _directory(
-        app, namespace, organization, artifact, ref
-    )
+    org, record, tag, entries, location = await _directory(app, caller, organization, artifact, ref)
     how_far = str(locality(reader, location.cloud, location.region))
     listed: list[dict[str, Any]] = [{"path": e.path, "size": e.size, "md5": e.md5} for e in entries]
     if download:
@@ -76,7 +75,7 @@ async def files(
 
 async def read_file(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     ref: str,
@@ -85,9 +84,7 @@ async def read_file(
 ) -> dict[str, Any]:
     """One file of a directory version: where it lives, its size and MD5, a download."""
     check_path(path)
-    org, record, tag, entries, location = await _directory(
-        app, namespace, organization, artifact, ref
-    )
+    org, record, tag, entries, location = await _directory(app, caller, organization, artifact, ref)
     entry = find(entries, path)
     if entry is None:
         raise problem(

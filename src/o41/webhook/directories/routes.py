@@ -23,7 +23,7 @@ async def begin_directory(request: web.Request) -> web.Response:
     body: DirectoryBeginIn = await parse(
         request, DirectoryBeginIn, containers=MAX_FILES + MAX_CONTAINERS
     )
-    began = await write.begin(request.app, caller(request).namespace, body)
+    began = await write.begin(request.app, caller(request), body)
     return web.json_response(began, status=201)
 
 
@@ -32,9 +32,7 @@ async def commit_directory(request: web.Request) -> web.Response:
     """Make a directory version readable, once the bucket holds every file."""
     body: DirectoryCommitIn = await parse(request, DirectoryCommitIn)
     version = request.match_info["version"]
-    return web.json_response(
-        await write.commit(request.app, caller(request).namespace, version, body)
-    )
+    return web.json_response(await write.commit(request.app, caller(request).tenant, version, body))
 
 
 @routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files")
@@ -47,7 +45,7 @@ async def list_files(request: web.Request) -> web.Response:
     m = request.match_info
     found = await read.files(
         request.app,
-        caller(request).namespace,
+        caller(request),
         m["organization"],
         m["artifact"],
         m["version"],
@@ -66,7 +64,7 @@ async def read_file(request: web.Request) -> web.Response:
     m = request.match_info
     found = await read.read_file(
         request.app,
-        caller(request).namespace,
+        caller(request),
         m["organization"],
         m["artifact"],
         m["version"],

@@ -29,6 +29,7 @@ from o41.core.writes import CommitRefused, Declared, Held, check_commit
 from o41.state import Put
 from o41.storage import ObjectStat
 from o41.webhook.buckets import PARALLEL_CHECKS, UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.scope import ARTIFACT_PATTERN
 from o41.webhook.http.store import STORE
@@ -69,12 +70,12 @@ class DirectoryCommitIn(Model):
     tag: str | None = Field(default=None, max_length=200, description="Over begin's tag")
 
 
-async def begin(app: web.Application, namespace: str, body: DirectoryBeginIn) -> dict[str, Any]:
+async def begin(app: web.Application, caller: Caller, body: DirectoryBeginIn) -> dict[str, Any]:
     """Choose the one location of a directory version and sign one upload per file."""
     entries = check_manifest(FileEntry(f.path, f.size, f.md5) for f in body.files)
     metadata = check_metadata(body.metadata)
     tag = None if body.tag is None else check_tag(body.tag)
-    placed = place_new(app, namespace, body.organization, body.place, body.exclude)
+    placed = place_new(app, caller, body.organization, body.place, body.exclude)
     location = placed.location
     version = new_version()
     prefix = f"{body.artifact}/{version}"
@@ -96,7 +97,7 @@ async def begin(app: web.Application, namespace: str, body: DirectoryBeginIn) ->
 
     uploads = await opened.sign(location.name, sign_all)
     pending = placed.pending(
-        namespace,
+        caller.tenant,
         body.artifact,
         version,
         key=prefix,

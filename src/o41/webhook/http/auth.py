@@ -1,8 +1,11 @@
-"""Who is calling: a pod, by its ServiceAccount token, checked with a TokenReview.
+"""Who is calling: a pod, by its ServiceAccount token.
 
-The namespace a request acts in comes from the token, never from the request: that is
-what keeps a pod out of another namespace's organizations and collections. Results are
-cached briefly (a pod makes many calls; a TokenReview is an API round trip).
+A token of this cluster is checked with a TokenReview (it sees revocation); a token of
+another cluster's issuer (a TrustDomain) is verified offline against that issuer's keys
+(``o41.webhook.http.tokens``). The tenant a request acts as, (trust domain, namespace),
+comes from the token, never from the request: that is what keeps a pod out of another
+tenant's organizations and collections. Results are cached briefly (a pod makes many
+calls; a TokenReview is an API round trip).
 """
 
 from __future__ import annotations
@@ -17,19 +20,40 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from o41.core.trust import KeysUnavailable, TokenRefused
 from o41.webhook.http.errors import problem
 
 log = logging.getLogger("o41.webhook.auth")  # its name is a log field: kept
 RETRY_AFTER = 5  # seconds: what a caller is told to wait when its token cannot be checked
 
 
+TENANT_SEPARATOR = ":"  # in neither a namespace nor a trust domain's name (DNS labels)
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """An authenticated pod (or, with authentication off, the local user)."""
+    """An authenticated pod (or, with authentication off, the local user); of this
+    cluster when ``trust_domain`` is None."""
 
     namespace: str
     service_account: str
     pod: str | None = None
+    trust_domain: str | None = None
+
+    @property
+    def tenant(self) -> str:
+        """What its data is keyed by: the namespace for this cluster's pods (as before
+        there were other clusters: no migration), ``<trust domain>:<namespace>`` for
+        another cluster's, so ``ml`` of two clusters never share a key."""
+        if self.trust_domain is None:
+            return self.namespace
+        return f"{self.trust_domain}{TENANT_SEPARATOR}{self.namespace}"
+
+    def described(self) -> str:
+        """How a refusal names it."""
+        if self.trust_domain is None:
+            return f"namespace {self.namespace!r}"
+        return f"namespace {self.namespace!r} of trust domain {self.trust_domain!r}"
 
 
 CALLER: web.RequestKey[Caller] = web.RequestKey("caller", Caller)
@@ -53,7 +77,10 @@ class Credential:
     reviewer: TokenReviewer
 
     async def check(self) -> Caller | None:
-        return await self.reviewer.review(self.token)
+        try:
+            return await self.reviewer.review(self.token)
+        except TokenRefused:  # expired since, its key gone: no longer who it was
+            return None
 
 
 CREDENTIAL: web.RequestKey[Credential] = web.RequestKey("credential", Credential)
@@ -112,6 +139,42 @@ class NoAuthentication:
         return self._caller
 
 
+class Verifier(Protocol):
+    """Another cluster's tokens (``o41.webhook.http.tokens.TokenVerifier``)."""
+
+    def issues(self, token: str) -> bool: ...
+
+    async def verify(self, token: str) -> Any: ...  # a Subject, or raises TokenRefused
+
+
+class Authenticator:
+    """Tokens of trusted other issuers verified offline; every other token goes to this
+    cluster's TokenReview, so a token of another cluster that no TrustDomain names, sent
+    as if it were local, is refused by this cluster's API server."""
+
+    def __init__(self, local: TokenReviewer, remote: Verifier) -> None:
+        self._local, self._remote = local, remote
+
+    async def review(self, token: str) -> Caller | None:
+        if not self._remote.issues(token):
+            return await self._local.review(token)
+        subject = await self._remote.verify(token)
+        if subject.namespace is None or subject.service_account is None:
+            return None  # not a pod's token: VMs get tokens the service issues
+        return Caller(
+            subject.namespace, subject.service_account, subject.pod_name, subject.trust_domain
+        )
+
+
+def refused(e: TokenRefused) -> web.HTTPException:
+    """A refused token as its answer: 401 with the reason, the trust domain, the claim
+    and the fix; 503 when it is the keys that are missing (our side, not the token)."""
+    extra = {"reason": e.reason, "trustDomain": e.trust_domain, "claim": e.claim}
+    if isinstance(e, KeysUnavailable):
+        return problem(503, str(e), headers={"Retry-After": str(RETRY_AFTER)}, **extra)
+    return problem(401, str(e), headers={"WWW-Authenticate": "Bearer"}, **extra)
+
+
 async def review(reviewer: TokenReviewer, token: str) -> Caller | None:
     """Who ``token`` is (None: refused). A TokenReview that cannot be made now (the
     Kubernetes API away or failing) is a 503 with ``Retry-After``, never a 500 nor a
@@ -120,6 +183,8 @@ async def review(reviewer: TokenReviewer, token: str) -> Caller | None:
         return await reviewer.review(token)
     except web.HTTPException:
         raise
+    except TokenRefused as e:
+        raise refused(e) from None
     except Exception as e:
         log.warning("a TokenReview failed: %s: %s", type(e).__name__, e)
         raise problem(

@@ -1,27 +1,34 @@
-"""Who may use an organization: a caller's namespace must be one of its namespaces. Every
-route of the placement API is scoped so, and names artifacts by the same pattern."""
+"""Who may use an organization: a pod of this cluster by its namespace (spec.namespaces),
+a pod of another cluster by its trust domain, namespace and ServiceAccount (spec.members).
+Every route of the placement API is scoped so, and names artifacts by the same pattern."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
 from o41.webhook.http.view import VIEW, OrganizationView
 
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 
 
-def organization_for(app: web.Application, name: str, namespace: str) -> OrganizationView:
-    """The organization, if the caller's namespace may use it."""
+def organization_for(app: web.Application, name: str, caller: Caller) -> OrganizationView:
+    """The organization, if the caller may use it."""
     org = app[VIEW].organizations.get(name)
     if org is None:
         raise problem(
             404, f"organization {name!r} does not exist: `kubectl get organizations` lists them"
         )
-    if namespace not in org.namespaces:
+    if not org.admits(caller.trust_domain, caller.namespace, caller.service_account):
+        if caller.trust_domain is None:
+            fix = f"adds it to spec.namespaces of Organization {name!r}"
+        else:
+            fix = (
+                f"adds {{trustDomain: {caller.trust_domain}, namespaces: [{caller.namespace}]}} "
+                f"to spec.members of Organization {name!r}"
+            )
         raise problem(
-            403,
-            f"namespace {namespace!r} may not use organization {name!r}: an administrator "
-            f"adds it to spec.namespaces of Organization {name!r}",
+            403, f"{caller.described()} may not use organization {name!r}: an administrator {fix}"
         )
     return org

@@ -54,6 +54,11 @@ class Issuer:
     policy: TrustPolicy
     keys: dict[str, VerifyKey] = field(default_factory=dict)
     last_fetch: float | None = None
+    # the keys serve until ``stale_after`` seconds past their last good fetch (the
+    # operator's or ours), no longer: a key the issuer removed must not verify forever
+    # while the issuer is away; None: no limit
+    stale_after: float | None = None
+    fetched_at: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -107,22 +112,49 @@ class TokenVerifier:
         self._issuers: dict[str, Issuer] = {}
         self._cache: dict[bytes, tuple[float, Subject, Issuer, str]] = {}
 
-    def trust(self, policy: TrustPolicy, jwks: Mapping[str, Any] | None = None) -> None:
-        """Trust ``policy``'s issuer, with keys already known (the operator's) or none yet
-        (the first token fetches them). Given keys are not a fetch: a new kid may still
-        fetch at once. A changed policy drops the cache."""
+    def trust(
+        self,
+        policy: TrustPolicy,
+        jwks: Mapping[str, Any] | None = None,
+        *,
+        fetched_at: float | None = None,
+        stale_after: float | None = None,
+    ) -> None:
+        """Trust ``policy``'s issuer, with keys already known (the operator's, fetched at
+        ``fetched_at``, epoch seconds) or none yet (the first token fetches them); keys
+        serve until ``stale_after`` seconds past their last good fetch (None: no limit).
+        Given keys are not a fetch: a new kid may still fetch at once. A trust
+        domain given another issuer forgets the old one; a changed policy drops the
+        cache."""
         old = self._issuers.get(policy.issuer)
         if old is not None and old.policy.trust_domain != policy.trust_domain:
             raise ValueError(
                 f"issuer {policy.issuer!r} is already trust domain {old.policy.trust_domain!r}"
             )
+        if old is None:
+            self.forget(policy.trust_domain)
         issuer = Issuer(policy) if old is None else old
         issuer.policy = policy
+        issuer.stale_after = stale_after
         keys = import_keys(jwks) if jwks is not None else {}
         if keys:  # as with a fetch, a set with no usable key leaves the last good keys
             issuer.keys = keys
+            if fetched_at is not None:  # never older than a fetch of our own
+                issuer.fetched_at = max(fetched_at, issuer.fetched_at or fetched_at)
         self._issuers[policy.issuer] = issuer
         self._cache.clear()
+
+    def issues(self, token: str) -> bool:
+        """Does a trusted issuer's name stand in the token's (unverified) ``iss``? Only
+        chooses the path a token takes; :meth:`verify` decides."""
+        parts = token.split(".")
+        if len(token) > MAX_TOKEN or len(parts) != 3 or not self._issuers:
+            return False
+        try:
+            iss = decode_segment(parts[1]).get("iss")
+        except Malformed:
+            return False
+        return isinstance(iss, str) and iss in self._issuers
 
     def forget(self, trust_domain: str) -> None:
         self._issuers = {
@@ -138,7 +170,7 @@ class TokenVerifier:
             until, subject, issuer, kid = hit
             # Still valid, its issuer still trusted, its key still published.
             current = self._issuers.get(issuer.policy.issuer)
-            if until > now and current is issuer and kid in issuer.keys:
+            if until > now and current is issuer and kid in issuer.keys and fresh(issuer, now):
                 return subject
             del self._cache[digest]
         header, claims = self.parse(token)
@@ -153,6 +185,14 @@ class TokenVerifier:
             )
         issuer = found
         kid = check_header(issuer.policy, header)  # alg allowlist before any key is used
+        if not fresh(issuer, now):
+            domain = issuer.policy.trust_domain
+            raise KeysUnavailable(
+                f"keys of trust domain {domain!r} are stale: none was fetched within its "
+                f"spec.staleAfter; a platform admin checks `kubectl get trustdomain {domain}`",
+                domain,
+                "kid",
+            )
         key = await self.key(issuer, kid)
         try:
             jws.deserialize_compact(token, key, algorithms=[header["alg"]])
@@ -219,6 +259,7 @@ class TokenVerifier:
             log.warning("keys of trust domain %s not replaced: the JWKS has no usable key", domain)
             return
         issuer.keys = keys
+        issuer.fetched_at = self._clock()
 
     def remember(
         self, digest: bytes, subject: Subject, issuer: Issuer, kid: str, now: float
@@ -230,3 +271,11 @@ class TokenVerifier:
             while len(self._cache) >= self._cache_size:
                 del self._cache[next(iter(self._cache))]
         self._cache[digest] = (subject.expires, subject, issuer, kid)
+
+
+def fresh(issuer: Issuer, now: float) -> bool:
+    """May its keys still serve at ``now``? Keys never fetched are not stale: there are
+    none, which :meth:`TokenVerifier.key` answers."""
+    if issuer.stale_after is None or not issuer.keys:
+        return True
+    return issuer.fetched_at is not None and now <= issuer.fetched_at + issuer.stale_after

@@ -28,8 +28,41 @@ from o41.core.organization import Effective, Picks, effective
 from o41.core.retention import Rule, rules_of
 from o41.location_record import PREFIX, SELECTOR, LocationRecord, parse
 from o41.locations import Location, read_location
+from o41.trust_record import PREFIX as TRUST_PREFIX
+from o41.trust_record import SELECTOR as TRUST_SELECTOR
+from o41.trust_record import parse as parse_trust_record
+from o41.webhook.http.trusted import TrustedDomains, trust_domain_source
 
 log = logging.getLogger("o41.webhook.view")  # its name is a log field: kept
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Namespaces of another cluster (a TrustDomain), and perhaps only some of their
+    ServiceAccounts (empty: any)."""
+
+    trust_domain: str
+    namespaces: frozenset[str]
+    service_accounts: frozenset[str] = frozenset()
+
+    def admits(self, trust_domain: str, namespace: str, service_account: str) -> bool:
+        return (
+            trust_domain == self.trust_domain
+            and namespace in self.namespaces
+            and (not self.service_accounts or service_account in self.service_accounts)
+        )
+
+
+def members_of(spec: Mapping[str, Any]) -> tuple[Member, ...]:
+    return tuple(
+        Member(
+            str(m.get("trustDomain") or ""),
+            frozenset(m.get("namespaces") or ()),
+            frozenset(m.get("serviceAccounts") or ()),
+        )
+        for m in spec.get("members") or ()
+        if isinstance(m, Mapping)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +73,13 @@ class OrganizationView:
     cloud_defaults: Mapping[str, str]
     takes_writes: bool
     retention: tuple[Rule, ...] = ()  # spec.retention: the platform engineer's, never a user's
+    members: tuple[Member, ...] = ()  # spec.members: other clusters' namespaces
+
+    def admits(self, trust_domain: str | None, namespace: str, service_account: str) -> bool:
+        """May pods of ``namespace`` (of this cluster when ``trust_domain`` is None) use it?"""
+        if trust_domain is None:
+            return namespace in self.namespaces
+        return any(m.admits(trust_domain, namespace, service_account) for m in self.members)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +91,7 @@ class OrganizationSource:
     picks: Picks
     hint: Effective
     retention: tuple[Rule, ...] = ()
+    members: tuple[Member, ...] = ()
 
 
 def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
@@ -61,6 +102,7 @@ def organization_source(obj: Mapping[str, Any]) -> OrganizationSource:
         picks=Picks(spec.get("fallback"), dict(spec.get("cloudDefaults") or {})),
         hint=Effective(status.get("fallback"), dict(status.get("cloudDefaults") or {})),
         retention=rules_of(spec.get("retention")),
+        members=members_of(spec),
     )
 
 
@@ -77,6 +119,7 @@ def organization_view(
         dict(in_force.cloud_defaults),
         in_force.takes_writes,
         source.retention,
+        source.members,
     )
 
 
@@ -87,6 +130,7 @@ class View:
     locations: dict[str, Location] = field(default_factory=dict)
     organizations: dict[str, OrganizationView] = field(default_factory=dict)
     records: dict[str, LocationRecord] = field(default_factory=dict)  # by Location uid
+    trust: TrustedDomains = field(default_factory=TrustedDomains)  # other clusters' issuers
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # each organization's locations, sorted; every begin reads them, few events change them
     _by_organization: dict[str, tuple[Location, ...]] = field(
@@ -199,12 +243,13 @@ class Secrets:
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
-KINDS = ("locations", "organizations", "records")
+KINDS = ("locations", "organizations", "records", "trustdomains", "trustrecords")
 
 
 class Watcher:
-    """List and watch Locations, Organizations and the operator's records (ConfigMaps of
-    ``namespace``) in threads; apply each change on the event loop."""
+    """List and watch Locations, Organizations, TrustDomains and the operator's records
+    of them (ConfigMaps of ``namespace``) in threads; apply each change on the event
+    loop."""
 
     def __init__(
         self,
@@ -235,6 +280,18 @@ class Watcher:
                 view.put_record(record)
             elif name.startswith(PREFIX):
                 view.drop_record(name.removeprefix(PREFIX))
+        elif kind == "trustrecords":
+            keys = parse_trust_record(obj) if event != "DELETED" else None
+            if keys is not None:
+                view.trust.put_record(keys)
+            elif name.startswith(TRUST_PREFIX):
+                view.trust.drop_record(name.removeprefix(TRUST_PREFIX))
+        elif kind == "trustdomains":
+            source = trust_domain_source(obj) if event != "DELETED" else None
+            if source is not None:
+                view.trust.put_source(source)
+            else:
+                view.trust.drop_source(name)
         elif kind == "locations":
             if event == "DELETED":
                 view.drop_location(name)
@@ -253,9 +310,10 @@ class Watcher:
     def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         from kubernetes import client
 
-        if kind == "records":
+        if kind in ("records", "trustrecords"):
             core = client.CoreV1Api(self._api)
-            return core.list_namespaced_config_map, (self._namespace,), {"label_selector": SELECTOR}
+            selector = SELECTOR if kind == "records" else TRUST_SELECTOR
+            return core.list_namespaced_config_map, (self._namespace,), {"label_selector": selector}
         objects = client.CustomObjectsApi(self._api)
         return objects.list_cluster_custom_object, (GROUP, VERSION, kind), {}
 
@@ -289,6 +347,13 @@ class Watcher:
             except Exception as e:  # API restarts, 410 Gone: list again
                 if self._stop.is_set():
                     return
+                if kind == "trustdomains" and getattr(e, "status", None) == 404:
+                    # no TrustDomain CRD (a chart older than the service): none to trust,
+                    # which must not keep the service from being ready
+                    self._loop.call_soon_threadsafe(self._forget_missing, kind, set())
+                    self._loop.call_soon_threadsafe(self._listed_all, kind)
+                    self._stop.wait(30.0)
+                    continue
                 log.warning("watch of %s broke (%s); listing again", kind, e)
                 self._stop.wait(1.0)
 
@@ -297,6 +362,12 @@ class Watcher:
         if kind == "records":
             for uid in [u for u in view.records if PREFIX + u not in names]:
                 view.drop_record(uid)
+        elif kind == "trustrecords":
+            for uid in [u for u in view.trust.records if TRUST_PREFIX + u not in names]:
+                view.trust.drop_record(uid)
+        elif kind == "trustdomains":
+            for gone in set(view.trust.sources) - names:
+                view.trust.drop_source(gone)
         elif kind == "locations":
             for gone in set(view.locations) - names:
                 view.drop_location(gone)

@@ -261,7 +261,7 @@ async def usage_json(request: web.Request) -> web.Response:
     """``GET /v1/usage``: both answers of the window, as the page shows them. With
     ``records=true``, a page of the window's raw records instead (``limit``, and the
     ``cursor`` of the previous page's ``next``)."""
-    org = organization_for(request.app, request.query.get("organization", ""), _namespace(request))
+    org = organization_for(request.app, request.query.get("organization", ""), auth.caller(request))
     window = window_of(request)
     raw = request.query.get("records", "false")
     if raw not in ("true", "false"):
@@ -289,11 +289,10 @@ async def _caller(request: web.Request, token: str) -> auth.Caller | None:
     reviewer = request.app[REVIEWER]
     if not token and not isinstance(reviewer, auth.NoAuthentication):
         return None
-    return await auth.review(reviewer, token)
-
-
-def _namespace(request: web.Request) -> str:
-    return auth.caller(request).namespace
+    try:
+        return await auth.review(reviewer, token)
+    except web.HTTPUnauthorized:  # another cluster's token, refused: the sign-in form
+        return None
 
 
 def _token(request: web.Request) -> str:
@@ -319,11 +318,11 @@ async def page(request: web.Request) -> web.Response:
         mine = (
             o.name
             for o in request.app[VIEW].organizations.values()
-            if found.namespace in o.namespaces
+            if o.admits(found.trust_domain, found.namespace, found.service_account)
         )
         return _html(organizations(sorted(mine), found.namespace))
     try:
-        org = organization_for(request.app, name, found.namespace)
+        org = organization_for(request.app, name, found)
         window = window_of(request)
         rep = await usage_report(request, org, window)
     except web.HTTPException as e:

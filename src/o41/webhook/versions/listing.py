@@ -18,6 +18,7 @@ from o41.core.versions import (
     window_end,
 )
 from o41.state import KeyValue
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
 from o41.webhook.records import ArtifactRecord as ArtifactRow
@@ -44,7 +45,7 @@ async def _page(
 
 async def list_versions(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     cursor: str | None,
@@ -56,7 +57,7 @@ async def list_versions(
     starts (the newest, or just after the cursor's key), each a range read with a limit:
     etcd counts every key of a range whatever its limit, so the window, not the artifact's
     size, bounds what a page costs."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     check_artifact(artifact)
     size = page_limit(limit)
     listing = f"versions/{org.name}/{artifact}"
@@ -107,10 +108,10 @@ async def list_versions(
 
 
 async def list_artifacts(
-    app: web.Application, namespace: str, organization: str, cursor: str | None, limit: int | None
+    app: web.Application, caller: Caller, organization: str, cursor: str | None, limit: int | None
 ) -> dict[str, Any]:
     """One page of an organization's artifacts, by name."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     size = page_limit(limit)
     found, following = await _page(
         app, artifacts_prefix(org.name), f"artifacts/{org.name}", "artifacts", cursor, size

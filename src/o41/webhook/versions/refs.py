@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from o41.core.versions import VersionRefused, ref_kind
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import ARTIFACT_PATTERN, organization_for
 from o41.webhook.http.store import STORE
@@ -115,9 +116,9 @@ def deleted_by_retention(organization: str, artifact: str, version: str) -> web.
 
 
 async def describe(
-    app: web.Application, namespace: str, organization: str, artifact: str, ref: str
+    app: web.Application, caller: Caller, organization: str, artifact: str, ref: str
 ) -> dict[str, Any]:
     """The version a reference names, without a download (``o41 tag``, the SDK's resolve)."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     record, tag = await resolve(app, org.name, artifact, ref)
     return {**version_json(record), "requested": ref, "tag": tag}

@@ -37,7 +37,7 @@ async def artifacts(request: web.Request) -> web.Response:
     return web.json_response(
         await listing.list_artifacts(
             request.app,
-            caller(request).namespace,
+            caller(request),
             request.match_info["organization"],
             cursor,
             limit,
@@ -53,7 +53,7 @@ async def list_versions(request: web.Request) -> web.Response:
     return web.json_response(
         await listing.list_versions(
             request.app,
-            caller(request).namespace,
+            caller(request),
             m["organization"],
             m["artifact"],
             cursor,
@@ -67,9 +67,7 @@ async def tags(request: web.Request) -> web.Response:
     """An artifact's tags and the versions they point at."""
     m = request.match_info
     return web.json_response(
-        await tagging.list_tags(
-            request.app, caller(request).namespace, m["organization"], m["artifact"]
-        )
+        await tagging.list_tags(request.app, caller(request), m["organization"], m["artifact"])
     )
 
 
@@ -79,7 +77,7 @@ async def resolve(request: web.Request) -> web.Response:
     m = request.match_info
     return web.json_response(
         await refs.describe(
-            request.app, caller(request).namespace, m["organization"], m["artifact"], m["tag"]
+            request.app, caller(request), m["organization"], m["artifact"], m["tag"]
         )
     )
 
@@ -92,7 +90,7 @@ async def move_tag(request: web.Request) -> web.Response:
     return web.json_response(
         await tagging.move_tag(
             request.app,
-            caller(request).namespace,
+            caller(request),
             m["organization"],
             m["artifact"],
             m["tag"],
@@ -108,7 +106,7 @@ async def delete_tag(request: web.Request) -> web.Response:
     return web.json_response(
         await tagging.delete_tag(
             request.app,
-            caller(request).namespace,
+            caller(request),
             m["organization"],
             m["artifact"],
             m["tag"],

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from o41.core.versions import VersionRefused, check_tag, ref_kind
 from o41.state import Compare, Delete, Put
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import organization_for
@@ -35,9 +36,9 @@ def _tag_json(artifact: str, tag: str, record: Tag) -> dict[str, Any]:
 
 
 async def list_tags(
-    app: web.Application, namespace: str, organization: str, artifact: str
+    app: web.Application, caller: Caller, organization: str, artifact: str
 ) -> dict[str, Any]:
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     check_artifact(artifact)
     prefix = tags_prefix(org.name, artifact)
     found = await app[STORE].range(prefix, limit=1000)
@@ -63,14 +64,14 @@ def _lost(artifact: str, tag: str, current: Tag | None, expected: str | None) ->
 
 async def move_tag(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     tag: str,
     body: TagIn,
 ) -> dict[str, Any]:
     """Point ``tag`` at a version, by compare-and-set when the body says what it expects."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     check_artifact(artifact)
     check_tag(tag)
     store = app[STORE]
@@ -97,7 +98,7 @@ async def move_tag(
     now = None if current is None else Tag.load(current.value)
     if expects and (None if now is None else now.version) != body.expected:
         raise _lost(artifact, tag, now, body.expected)
-    record = Tag(version=target.version, set=time.time(), namespace=namespace)
+    record = Tag(version=target.version, set=time.time(), namespace=caller.tenant)
     guard = (
         Compare(key, "version", "==", 0)
         if current is None
@@ -124,14 +125,14 @@ async def move_tag(
 
 async def delete_tag(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     tag: str,
     expected: str | None,
 ) -> dict[str, Any]:
     """Delete a tag (only if it points at ``expected``, when given)."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     check_artifact(artifact)
     check_tag(tag)
     if expected is not None and ref_kind(expected) != "version":

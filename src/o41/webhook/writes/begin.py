@@ -17,6 +17,7 @@ from o41.core.versions import check_metadata, check_tag
 from o41.core.writes import UploadPlan, upload_plan
 from o41.locations import Location
 from o41.webhook.buckets import UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.view import VIEW
 from o41.webhook.records import Pending, new_version
@@ -86,10 +87,10 @@ class Placed:
 
 
 def place_new(
-    app: web.Application, namespace: str, organization: str, place_in: PlaceIn, exclude: list[str]
+    app: web.Application, caller: Caller, organization: str, place_in: PlaceIn, exclude: list[str]
 ) -> Placed:
     """The location of a new version, by the rules of ``o41.core.placement``."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     view, place = app[VIEW], place_in.place
     chosen = place_write(
         place,
@@ -115,19 +116,19 @@ def count_begin(app: web.Application, placed: Placed) -> None:
     )
 
 
-async def begin(app: web.Application, namespace: str, body: BeginIn) -> dict[str, Any]:
+async def begin(app: web.Application, caller: Caller, body: BeginIn) -> dict[str, Any]:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     plan = upload_plan(body.size, body.part_size, body.crc32)
     metadata = check_metadata(body.metadata)
     tag = None if body.tag is None else check_tag(body.tag)
-    placed = place_new(app, namespace, body.organization, body.place, body.exclude)
+    placed = place_new(app, caller, body.organization, body.place, body.exclude)
     location = placed.location
     version = new_version()
     key = f"{body.artifact}/{version}"
     opened = await bucket_for(app, location)
     requests, upload_id = await upload(opened, location.name, key, plan, body)
     pending = placed.pending(
-        namespace,
+        caller.tenant,
         body.artifact,
         version,
         key=key,

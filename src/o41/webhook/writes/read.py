@@ -10,6 +10,7 @@ from aiohttp import web
 from o41.core.places import Place, locality
 from o41.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.view import VIEW
@@ -28,7 +29,7 @@ def parts_json(record: Version) -> dict[str, Any]:
 
 async def read(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     organization: str,
     artifact: str,
     ref: str,
@@ -36,7 +37,7 @@ async def read(
 ) -> dict[str, Any]:
     """Where a version lives, how far that is from the reader, and a download. ``ref`` is
     a version id, ``latest`` or a tag, resolved here; the answer names the version."""
-    org = organization_for(app, organization, namespace)
+    org = organization_for(app, organization, caller)
     record, tag = await resolve(app, org.name, artifact, ref)
     version = record.version
     location = app[VIEW].locations.get(record.location)

@@ -21,7 +21,7 @@ routes = web.RouteTableDef()
 async def begin(request: web.Request) -> web.Response:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     body: BeginIn = await parse(request, BeginIn)
-    began = await beginning.begin(request.app, caller(request).namespace, body)
+    began = await beginning.begin(request.app, caller(request), body)
     return web.json_response(began, status=201)
 
 
@@ -29,9 +29,7 @@ async def begin(request: web.Request) -> web.Response:
 async def progress(request: web.Request) -> web.Response:
     """A pending write and the parts its bucket holds: what a resume need not send."""
     version = request.match_info["version"]
-    return web.json_response(
-        await pending.progress(request.app, caller(request).namespace, version)
-    )
+    return web.json_response(await pending.progress(request.app, caller(request).tenant, version))
 
 
 @routes.post("/v1/writes/{version}/parts")
@@ -40,7 +38,7 @@ async def resign(request: web.Request) -> web.Response:
     body: PartsIn = await parse(request, PartsIn)
     version = request.match_info["version"]
     return web.json_response(
-        await pending.resign(request.app, caller(request).namespace, version, body)
+        await pending.resign(request.app, caller(request).tenant, version, body)
     )
 
 
@@ -50,7 +48,7 @@ async def commit(request: web.Request) -> web.Response:
     body: CommitIn = await parse(request, CommitIn)
     version = request.match_info["version"]
     return web.json_response(
-        await committing.commit(request.app, caller(request).namespace, version, body)
+        await committing.commit(request.app, caller(request).tenant, version, body)
     )
 
 
@@ -61,7 +59,7 @@ async def read(request: web.Request) -> web.Response:
     m = request.match_info
     found = await reading.read(
         request.app,
-        caller(request).namespace,
+        caller(request),
         m["organization"],
         m["artifact"],
         m["version"],
