@@ -35,7 +35,7 @@ from o41.testbed.process import free_port
 from o41.testbed.standin_bucket import Storage
 from o41.testbed.usage import FakeReviewer
 from o41.trust_record import TrustRecord
-from o41.webhook.app import Settings, make_app
+from o41.webhook.app import Settings, local_issuer, make_app
 from o41.webhook.http.trusted import TrustDomainSource
 from o41.webhook.http.view import Cluster, View, organization_source
 
@@ -292,3 +292,21 @@ async def test_stale_keys_and_keys_of_another_issuer_are_not_used(hub: Hub) -> N
     hub.trust_b()  # a fresh fetch of B's own keys: accepted again
     status, answer = await hub.call(token, "GET", f"/v1/organizations/{ORG}/artifacts")
     assert status == 200, answer
+
+
+async def test_a_trust_domain_naming_this_clusters_own_issuer_is_ignored(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """This cluster's tokens always go to its TokenReview (which sees revocation), even
+    when a TrustDomain names this cluster's issuer; the service reads that issuer from
+    its own ServiceAccount token."""
+    own = tmp_path / "token"
+    own.write_text(hub.b.token("o41-system", "placement") + "\n")
+    hub.view.trust.local_issuer = local_issuer(own)
+    assert hub.view.trust.local_issuer == hub.b.url
+    hub.trust_b()
+    listing = f"/v1/organizations/{ORG}/artifacts"
+    status, answer = await hub.call(hub.b.token("team-a"), "GET", listing)
+    assert status == 401, answer
+    assert "current ServiceAccount token of this cluster" in answer["error"]
+    assert local_issuer(tmp_path / "absent") is None

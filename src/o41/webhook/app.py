@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from o41 import __version__
+from o41.core.trust import TokenRefused
 from o41.state import Store, open_store
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.collections import routes as collections
@@ -22,6 +24,7 @@ from o41.webhook.directories import routes as directories_routes
 from o41.webhook.http import auth, errors, metrics, request_ids, telemetry
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
+from o41.webhook.http.tokens import TokenVerifier
 from o41.webhook.http.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.retention import retaining
 from o41.webhook.usage import page as usage_page
@@ -88,12 +91,27 @@ def state_store(given: Store | None) -> Any:
     return context
 
 
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def local_issuer(token_file: Path = SERVICE_ACCOUNT_TOKEN) -> str | None:
+    """This cluster's issuer, from the service's own token (None outside a pod): a
+    TrustDomain naming it is ignored, so this cluster's tokens always meet the
+    TokenReview, which sees a deleted pod's token revoked."""
+    try:
+        iss = TokenVerifier.parse(token_file.read_text().strip())[1].get("iss")
+    except (OSError, TokenRefused):
+        return None
+    return iss if isinstance(iss, str) else None
+
+
 async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     """The Kubernetes view, the Secrets and the VERSIONS counts shown in the cluster."""
     settings = app[SETTINGS]
     api = kubernetes_client(settings)
     app[KUBE_API] = api
     app[SECRETS] = Secrets(api, settings.secrets_namespace)
+    app[VIEW].trust.local_issuer = local_issuer()
     loop = asyncio.get_running_loop()
     watcher = Watcher(api, app[VIEW], loop, settings.secrets_namespace)
     watcher.start()
