@@ -28,6 +28,8 @@ from o41.api import TrustDomainSpec
 from o41.client.artifacts import Artifacts
 from o41.collections.keys import encode_key
 from o41.core.places import Place
+from o41.core.service_tokens import Issued, issuer_for
+from o41.service_tokens import new_signing_key, sign, signing_key
 from o41.state.memory import MemoryStore
 from o41.testbed.issuer import Issuer, rsa_key
 from o41.testbed.locations import ORG, Keys, location
@@ -60,6 +62,7 @@ class Hub:
     view: View
     b: Issuer
     tmp: Path
+    key: bytes = b""  # the service's token key, once a test made a service token
 
     def trust_b(
         self,
@@ -310,3 +313,75 @@ async def test_a_trust_domain_naming_this_clusters_own_issuer_is_ignored(
     assert status == 401, answer
     assert "current ServiceAccount token of this cluster" in answer["error"]
     assert local_issuer(tmp_path / "absent") is None
+
+
+def service_token(
+    hub: Hub, subject: str = "sky-llama", organization: str = ORG, **changes: Any
+) -> tuple[str, Issued]:
+    """A token as `kubectl o41 token create` makes it, with the service's key (set up
+    once per hub) and its record in the service's view."""
+    tokens = hub.view.service_tokens
+    if tokens.issuer is None:
+        tokens.issuer = issuer_for("o41-system")
+        hub.key = new_signing_key()
+        tokens.use_key(hub.key)
+    now = int(datetime.now(UTC).timestamp())
+    fields: dict[str, Any] = {"created": now, "expires": now + 3600, **changes}
+    issued = Issued(os.urandom(8).hex(), organization, subject, **fields)
+    tokens.records[issued.id] = issued
+    return sign(signing_key(hub.key), "o41-system", issued), issued
+
+
+async def test_a_vm_with_a_service_token_uses_its_one_organization_until_revoked(
+    hub: Hub, tmp_path: Path
+) -> None:
+    token, issued = service_token(hub)
+    path = tmp_path / "vm"
+    path.write_bytes(b"from a VM")
+    written = await asyncio.to_thread(
+        hub.client(token, "gcp", "europe-west4").write, ORG, "vm-model", path
+    )
+    assert written.location == "gcp-eu"
+
+    hub.view.organizations["other"] = hub.view.organizations[ORG]
+    status, answer = await hub.call(token, "GET", "/v1/organizations/other/artifacts")
+    assert status == 403
+    assert answer["error"] == (
+        "the service token of 'sky-llama' is for organization 'ml', not 'other': ask a "
+        "platform admin for a token of 'other' (kubectl o41 token create --org other "
+        "--subject sky-llama)"
+    )
+
+    # its collections are its own tenant: not team-a's here, whatever the names
+    config = "/v1/collections/job/dict/config"
+    lr = encode_key("lr")
+    set_lr = {"key": lr, "value": base64.b64encode(b"1").decode()}
+    assert (await hub.call(token, "POST", f"{config}/set", set_lr))[0] == 200
+    status, answer = await hub.call(LOCAL, "POST", f"{config}/get", {"key": lr})
+    assert (status, answer.get("value")) == (200, None)
+
+    del hub.view.service_tokens.records[issued.id]  # kubectl o41 token revoke
+    status, answer = await hub.call(token, "GET", f"/v1/organizations/{ORG}/artifacts")
+    assert (status, answer["reason"], answer["claim"]) == (401, "Revoked", "jti"), answer
+    assert "was revoked" in answer["error"] and "kubectl o41 token create" in answer["error"]
+
+
+async def test_service_tokens_expired_forged_or_recorded_otherwise_are_refused(hub: Hub) -> None:
+    listing = f"/v1/organizations/{ORG}/artifacts"
+    now = int(datetime.now(UTC).timestamp())
+    expired, _ = service_token(hub, created=now - 7200, expires=now - 3600)
+    status, answer = await hub.call(expired, "GET", listing)
+    assert (status, answer["reason"]) == (401, "Expired"), answer
+
+    token, issued = service_token(hub)
+    forger = new_signing_key()  # a key of its own, the same claims
+    forged = sign(signing_key(forger), "o41-system", issued)
+    status, answer = await hub.call(forged, "GET", listing)
+    assert (status, answer["reason"]) == (401, "BadSignature"), answer
+
+    # a record saying another subject: the token is not the one recorded
+    hub.view.service_tokens.records[issued.id] = Issued(
+        issued.id, ORG, "someone-else", issued.expires, issued.created
+    )
+    status, answer = await hub.call(token, "GET", listing)
+    assert (status, answer["reason"]) == (401, "Revoked"), answer

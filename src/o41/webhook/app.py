@@ -16,7 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from o41 import __version__
+from o41.core.service_tokens import issuer_for
 from o41.core.trust import TokenRefused
+from o41.service_tokens import SECRET as TOKEN_SECRET
 from o41.state import Store, open_store
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.collections import routes as collections
@@ -112,6 +114,11 @@ async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     app[KUBE_API] = api
     app[SECRETS] = Secrets(api, settings.secrets_namespace)
     app[VIEW].trust.local_issuer = local_issuer()
+    secrets = app[SECRETS]
+    assert isinstance(secrets, Secrets)
+    tokens = app[VIEW].service_tokens
+    tokens.issuer = issuer_for(settings.secrets_namespace)
+    tokens.source = lambda: secrets.read(TOKEN_SECRET)
     loop = asyncio.get_running_loop()
     watcher = Watcher(api, app[VIEW], loop, settings.secrets_namespace)
     watcher.start()
@@ -188,7 +195,8 @@ def make_app(
         else:
             reviewer = _LazyReviewer(app, settings.audiences)
     # other clusters' tokens (TrustDomains) verified offline; every other one as before
-    reviewer = auth.Authenticator(reviewer, app[VIEW].trust.verifier)
+    view = app[VIEW]
+    reviewer = auth.Authenticator(reviewer, view.trust.verifier, view.service_tokens)
     required = settings.authentication != "none"  # a laptop's requests carry no token
     app.middlewares.append(telemetry.middleware)  # first: it sees the status answered
     app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
@@ -206,7 +214,7 @@ def make_app(
     app.add_routes(writes_routes.routes)
     app.add_routes(versions_routes.routes)
     app.add_routes(directories_routes.routes)
-    usage_page.setup(app, reviewer)
+    usage_page.setup(app, reviewer, page=settings.usage_page)
     if settings.metrics_address is None:
         app.add_routes(metrics.routes)
     else:

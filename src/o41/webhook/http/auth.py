@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from o41.core.service_tokens import DOMAIN as SERVICE_DOMAIN
 from o41.core.trust import KeysUnavailable, TokenRefused
 from o41.webhook.http.errors import problem
 
@@ -35,10 +36,11 @@ class Caller:
     """An authenticated pod (or, with authentication off, the local user); of this
     cluster when ``trust_domain`` is None."""
 
-    namespace: str
+    namespace: str  # a service token's subject (a VM) in trust domain vm.o41
     service_account: str
     pod: str | None = None
     trust_domain: str | None = None
+    organization: str | None = None  # a service token's one organization; None: any
 
     @property
     def tenant(self) -> str:
@@ -53,6 +55,8 @@ class Caller:
         """How a refusal names it."""
         if self.trust_domain is None:
             return f"namespace {self.namespace!r}"
+        if self.organization is not None:
+            return f"the service token of {self.namespace!r}"
         return f"namespace {self.namespace!r} of trust domain {self.trust_domain!r}"
 
 
@@ -144,18 +148,24 @@ class Verifier(Protocol):
 
     def issues(self, token: str) -> bool: ...
 
-    async def verify(self, token: str) -> Any: ...  # a Subject, or raises TokenRefused
+    async def verify(self, token: str) -> Any: ...  # who it names, or raises TokenRefused
 
 
 class Authenticator:
-    """Tokens of trusted other issuers verified offline; every other token goes to this
-    cluster's TokenReview, so a token of another cluster that no TrustDomain names, sent
-    as if it were local, is refused by this cluster's API server."""
+    """Tokens of trusted other issuers and the service's own tokens verified offline;
+    every other token goes to this cluster's TokenReview, so a token of another cluster
+    that no TrustDomain names, sent as if it were local, is refused by this cluster's
+    API server."""
 
-    def __init__(self, local: TokenReviewer, remote: Verifier) -> None:
-        self._local, self._remote = local, remote
+    def __init__(
+        self, local: TokenReviewer, remote: Verifier, service: Verifier | None = None
+    ) -> None:
+        self._local, self._remote, self._service = local, remote, service
 
     async def review(self, token: str) -> Caller | None:
+        if self._service is not None and self._service.issues(token):
+            issued = await self._service.verify(token)
+            return Caller(issued.subject, "", None, SERVICE_DOMAIN, issued.organization)
         if not self._remote.issues(token):
             return await self._local.review(token)
         subject = await self._remote.verify(token)

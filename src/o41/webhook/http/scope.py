@@ -20,7 +20,15 @@ def organization_for(app: web.Application, name: str, caller: Caller) -> Organiz
         raise problem(
             404, f"organization {name!r} does not exist: `kubectl get organizations` lists them"
         )
-    if not org.admits(caller.trust_domain, caller.namespace, caller.service_account):
+    if caller.organization is not None:  # a service token: its one organization
+        if caller.organization != name:
+            raise problem(
+                403,
+                f"{caller.described()} is for organization {caller.organization!r}, not "
+                f"{name!r}: ask a platform admin for a token of {name!r} "
+                f"(kubectl o41 token create --org {name} --subject {caller.namespace})",
+            )
+    elif not org.admits(caller.trust_domain, caller.namespace, caller.service_account):
         if caller.trust_domain is None:
             fix = f"adds it to spec.namespaces of Organization {name!r}"
         else:

@@ -28,9 +28,13 @@ from o41.core.organization import Effective, Picks, effective
 from o41.core.retention import Rule, rules_of
 from o41.location_record import PREFIX, SELECTOR, LocationRecord, parse
 from o41.locations import Location, read_location
+from o41.service_tokens import PREFIX as TOKEN_PREFIX
+from o41.service_tokens import SELECTOR as TOKEN_SELECTOR
+from o41.service_tokens import parse_record as parse_token_record
 from o41.trust_record import PREFIX as TRUST_PREFIX
 from o41.trust_record import SELECTOR as TRUST_SELECTOR
 from o41.trust_record import parse as parse_trust_record
+from o41.webhook.http.service_tokens import ServiceTokens
 from o41.webhook.http.trusted import TrustedDomains, trust_domain_source
 
 log = logging.getLogger("o41.webhook.view")  # its name is a log field: kept
@@ -131,6 +135,7 @@ class View:
     organizations: dict[str, OrganizationView] = field(default_factory=dict)
     records: dict[str, LocationRecord] = field(default_factory=dict)  # by Location uid
     trust: TrustedDomains = field(default_factory=TrustedDomains)  # other clusters' issuers
+    service_tokens: ServiceTokens = field(default_factory=ServiceTokens)  # VMs' tokens
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # each organization's locations, sorted; every begin reads them, few events change them
     _by_organization: dict[str, tuple[Location, ...]] = field(
@@ -243,7 +248,7 @@ class Secrets:
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
-KINDS = ("locations", "organizations", "records", "trustdomains", "trustrecords")
+KINDS = ("locations", "organizations", "records", "trustdomains", "trustrecords", "tokens")
 
 
 class Watcher:
@@ -286,6 +291,12 @@ class Watcher:
                 view.trust.put_record(keys)
             elif name.startswith(TRUST_PREFIX):
                 view.trust.drop_record(name.removeprefix(TRUST_PREFIX))
+        elif kind == "tokens":
+            issued = parse_token_record(obj) if event != "DELETED" else None
+            if issued is not None:
+                view.service_tokens.records[issued.id] = issued
+            elif name.startswith(TOKEN_PREFIX):
+                view.service_tokens.records.pop(name.removeprefix(TOKEN_PREFIX), None)
         elif kind == "trustdomains":
             source = trust_domain_source(obj) if event != "DELETED" else None
             if source is not None:
@@ -310,9 +321,11 @@ class Watcher:
     def _lister(self, kind: str) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         from kubernetes import client
 
-        if kind in ("records", "trustrecords"):
+        if kind in ("records", "trustrecords", "tokens"):
             core = client.CoreV1Api(self._api)
-            selector = SELECTOR if kind == "records" else TRUST_SELECTOR
+            selector = {"records": SELECTOR, "trustrecords": TRUST_SELECTOR}.get(
+                kind, TOKEN_SELECTOR
+            )
             return core.list_namespaced_config_map, (self._namespace,), {"label_selector": selector}
         objects = client.CustomObjectsApi(self._api)
         return objects.list_cluster_custom_object, (GROUP, VERSION, kind), {}
@@ -365,6 +378,10 @@ class Watcher:
         elif kind == "trustrecords":
             for uid in [u for u in view.trust.records if TRUST_PREFIX + u not in names]:
                 view.trust.drop_record(uid)
+        elif kind == "tokens":
+            tokens = view.service_tokens.records
+            for token_id in [t for t in tokens if TOKEN_PREFIX + t not in names]:
+                del tokens[token_id]
         elif kind == "trustdomains":
             for gone in set(view.trust.sources) - names:
                 view.trust.drop_source(gone)

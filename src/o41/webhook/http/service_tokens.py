@@ -1,0 +1,91 @@
+"""Tokens this service issued (``kubectl o41 token create``), verified: the signature with
+the public half of the key in the service's Secret, the rules of
+``o41.core.service_tokens``, and the record, which must still exist (a deleted record is
+a revoked token; the view's watch sees it within seconds)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from joserfc import jws
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey
+
+from o41.core.service_tokens import ALGORITHM, DOMAIN, FIX, Issued, check_claims, check_record
+from o41.core.trust import BadSignature, KeysUnavailable, Malformed
+from o41.service_tokens import KEY_FIELD, SECRET, kid_of, signing_key
+from o41.webhook.http.tokens import MAX_TOKEN, TokenVerifier, decode_segment
+
+log = logging.getLogger("o41.webhook.service_tokens")
+KEY_TTL = 60.0  # seconds: a new key in the Secret serves within a minute
+
+KeySource = Callable[[], Awaitable[Mapping[str, str]]]  # the Secret's data
+
+
+@dataclass
+class ServiceTokens:
+    issuer: str | None = None  # None: not set up (outside a cluster, no namespace known)
+    source: KeySource | None = None
+    records: dict[str, Issued] = field(default_factory=dict)  # by token id
+    clock: Callable[[], float] = time.time
+    _key: tuple[float, ECKey] | None = None
+
+    def issues(self, token: str) -> bool:
+        parts = token.split(".")
+        if self.issuer is None or len(token) > MAX_TOKEN or len(parts) != 3:
+            return False
+        try:
+            return decode_segment(parts[1]).get("iss") == self.issuer
+        except Malformed:
+            return False
+
+    async def verify(self, token: str) -> Issued:
+        assert self.issuer is not None, "issues() said no"
+        header, claims = TokenVerifier.parse(token)
+        issued = check_claims(self.issuer, header, claims, int(self.clock()))
+        key = await self.key()
+        if header.get("kid") != kid_of(key):
+            raise BadSignature(
+                f"service token {issued.id!r} was signed with a key this service no longer "
+                f"has: {FIX}",
+                DOMAIN,
+                "kid",
+            )
+        try:
+            jws.deserialize_compact(token, key, algorithms=[ALGORITHM])
+        except (JoseError, ValueError):
+            raise BadSignature(
+                f"service token {issued.id!r} has a signature the service's key does not "
+                "verify: send the token unmodified",
+                DOMAIN,
+                "kid",
+            ) from None
+        return check_record(issued, self.records.get(issued.id))
+
+    async def key(self) -> ECKey:
+        now = time.monotonic()
+        if self._key is not None and self._key[0] > now:
+            return self._key[1]
+        try:
+            assert self.source is not None
+            data = await self.source()
+            key = signing_key(data[KEY_FIELD])
+        except Exception as e:  # no Secret yet, unreadable: our side, not the token's
+            log.warning("service tokens' key not read: %r", e)
+            if self._key is not None:
+                return self._key[1]  # the last good key serves on
+            raise KeysUnavailable(
+                f"the service's token key (Secret {SECRET}) cannot be read now: retry "
+                "later; a platform admin checks that the Secret exists",
+                DOMAIN,
+                "kid",
+            ) from None
+        self._key = (now + KEY_TTL, key)
+        return key
+
+    def use_key(self, pem: bytes | str) -> None:
+        """Use this key (tests; the Secret is not read then until it is forgotten)."""
+        self._key = (float("inf"), signing_key(pem))
