@@ -223,6 +223,15 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
+async def refusals(hub: Hub, reason: str) -> float:
+    """``o41_tokens_refused_total{reason, trust_domain="cluster-b"}`` on /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(hub.url + "/metrics") as r:
+        text = await r.text()
+    series = f'o41_tokens_refused_total{{reason="{reason}",trust_domain="cluster-b"}} '
+    found = [line for line in text.splitlines() if line.startswith(series)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
 REFUSED: dict[str, tuple[Callable[[Issuer], str], str, str]] = {
     "wrong audience": (lambda b: b.token("team-a", audience="vault"), "WrongAudience", "aud"),
     "the API server's audience": (
@@ -257,7 +266,9 @@ async def test_each_refusal_names_the_trust_domain_the_claim_and_the_fix(
 ) -> None:
     hub.trust_b()
     make, reason, claim = REFUSED[case]
+    before = await refusals(hub, reason)
     status, answer = await hub.call(make(hub.b), "GET", f"/v1/organizations/{ORG}/artifacts")
+    assert await refusals(hub, reason) == before + 1  # counted by reason and trust domain
     assert status == 401, answer
     assert (answer["reason"], answer["trustDomain"], answer["claim"]) == (
         reason,

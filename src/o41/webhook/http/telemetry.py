@@ -17,6 +17,8 @@ values are bounded.
 - Collections: operations by ``kind``, ``op`` (only the engine's own names; anything else
   is ``other``), ``consistency`` and ``outcome`` (ok, refused, unavailable), with latency;
   open WebSockets; the eventual writes buffered now and those dropped (ended in doubt).
+- Tokens refused by ``reason`` (``o41.core.trust``'s codes) and ``trust_domain`` (the
+  TrustDomains a platform admin made, ``vm.o41`` for service tokens, or empty).
 - The process (CPU, memory, file descriptors), the Python runtime and its GC.
 
 No label takes a namespace, an artifact, a version, a key or a token.
@@ -81,6 +83,12 @@ REQUESTS = FAMILIES.counter(
     "o41_http_requests",
     "HTTP requests answered, by route template, method and status code.",
     ["route", "method", "status"],
+)
+TOKENS_REFUSED = FAMILIES.counter(
+    "o41_tokens_refused",
+    "Tokens of other clusters' issuers and service tokens refused, by reason (Expired, "
+    "WrongAudience, ...) and trust domain (empty: no trust domain named it).",
+    ["reason", "trust_domain"],
 )
 REQUEST_SECONDS = FAMILIES.histogram(
     "o41_http_request_duration_seconds",
