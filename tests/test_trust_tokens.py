@@ -413,6 +413,22 @@ async def test_verified_tokens_are_cached_by_hash_until_exp_and_bounded(
     await refused(v, many[-1], Expired)  # the hit ended at exp; the rules said expired
 
 
+async def test_the_same_policy_and_keys_again_keep_the_cache_a_change_drops_it(
+    issuer: Published, clock: Clock
+) -> None:
+    """A watch's re-list hands the same TrustDomain and record again: verified tokens stay
+    cached; new keys or a new policy (audiences, leeway) are checked afresh."""
+    v = verifier(issuer.jwks, issuer, clock)
+    await v.verify(sign(RSA_OLD, "old"))
+    v.trust(POLICY, issuer.jwks)
+    assert len(v._cache) == 1
+    v.trust(POLICY, jwks((RSA_OLD, "old"), (RSA_NEW, "new")))
+    assert len(v._cache) == 0
+    await v.verify(sign(RSA_OLD, "old"))
+    v.trust(TrustPolicy("cluster-b", ISSUER, frozenset({"o41"}), leeway=5))
+    assert len(v._cache) == 0
+
+
 async def test_an_issuer_belongs_to_one_trust_domain(tokens: TokenVerifier) -> None:
     with pytest.raises(ValueError, match="already trust domain"):
         tokens.trust(TrustPolicy("cluster-c", ISSUER, frozenset({"o41"})))

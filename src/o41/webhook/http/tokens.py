@@ -124,8 +124,9 @@ class TokenVerifier:
         ``fetched_at``, epoch seconds) or none yet (the first token fetches them); keys
         serve until ``stale_after`` seconds past their last good fetch (None: no limit).
         Given keys are not a fetch: a new kid may still fetch at once. A trust
-        domain given another issuer forgets the old one; a changed policy drops the
-        cache."""
+        domain given another issuer forgets the old one; a changed policy or key set
+        drops the cache of verified tokens, the same ones again (a watch's re-list)
+        keep it."""
         old = self._issuers.get(policy.issuer)
         if old is not None and old.policy.trust_domain != policy.trust_domain:
             raise ValueError(
@@ -134,15 +135,18 @@ class TokenVerifier:
         if old is None:
             self.forget(policy.trust_domain)
         issuer = Issuer(policy) if old is None else old
+        changed = old is None or old.policy != policy or old.stale_after != stale_after
         issuer.policy = policy
         issuer.stale_after = stale_after
         keys = import_keys(jwks) if jwks is not None else {}
         if keys:  # as with a fetch, a set with no usable key leaves the last good keys
+            changed = changed or published(keys) != published(issuer.keys)
             issuer.keys = keys
             if fetched_at is not None:  # never older than a fetch of our own
                 issuer.fetched_at = max(fetched_at, issuer.fetched_at or fetched_at)
         self._issuers[policy.issuer] = issuer
-        self._cache.clear()
+        if changed:  # the same policy and keys again (a watch's re-list): the cache stays
+            self._cache.clear()
 
     def issues(self, token: str) -> bool:
         """Does a trusted issuer's name stand in the token's (unverified) ``iss``? Only
@@ -271,6 +275,11 @@ class TokenVerifier:
             while len(self._cache) >= self._cache_size:
                 del self._cache[next(iter(self._cache))]
         self._cache[digest] = (subject.expires, subject, issuer, kid)
+
+
+def published(keys: Mapping[str, VerifyKey]) -> dict[str, Any]:
+    """The keys as their issuer publishes them: what tells a new JWKS from the same."""
+    return {kid: key.as_dict(private=False) for kid, key in keys.items()}
 
 
 def fresh(issuer: Issuer, now: float) -> bool:
