@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from joserfc.jwk import RSAKey
 
+from o41.crd import ISSUER_IMMUTABLE
 from o41.location_record import COUNTS, LocationRecord, parse, record_name
 from o41.locations import read_location
 from o41.testbed.kube import Kube, kubectl_binary
@@ -547,3 +549,98 @@ def test_a_configmap_bound_to_another_uid_is_no_record() -> None:
     unlabelled["metadata"]["labels"] = {}
     assert parse(unlabelled) is None
     assert configmap["metadata"]["ownerReferences"][0]["uid"] == "uid-a"
+
+
+# --- TrustDomains: one issuer, one domain; no API server audience; no private key ---------
+
+
+@pytest.fixture
+def trust_domains(operator: Operator, kube: Kube) -> Iterator[Callable[..., Any]]:
+    """``apply(name, **spec)``: kubectl apply of a TrustDomain as its admin types it; what
+    was made goes at the end. Its issuer listens nowhere: the fetch fails, not the test."""
+    made: list[str] = []
+
+    def apply(name: str, **spec: Any) -> subprocess.CompletedProcess[str]:
+        body = {"apiVersion": API, "kind": "TrustDomain", "metadata": {"name": name}}
+        done = run(kube.kubeconfig, "apply", "-f", "-", input=json.dumps({**body, "spec": spec}))
+        if done.returncode == 0:
+            made.append(name)
+        return done
+
+    yield apply
+    for name in made:
+        run(kube.kubeconfig, "delete", "trustdomain", name, "--ignore-not-found")
+
+
+def nowhere() -> str:
+    return f"https://127.0.0.1:{free_port()}"
+
+
+def denied(done: subprocess.CompletedProcess[str]) -> str:
+    """The refusal as kubectl prints it, after the webhook's name (the chart's
+    configuration, or the one the test bed's operator manages)."""
+    assert done.returncode != 0, done.stdout
+    assert 'admission webhook "trustdomain-rules.' in done.stderr, done.stderr
+    return done.stderr.split('" denied the request: ', 1)[1].strip()
+
+
+@on_the_bed
+def test_an_issuer_of_another_trust_domain_is_refused(trust_domains: Callable[..., Any]) -> None:
+    """Two domains of one issuer would make two tenants of each namespace there: the
+    second could claim the first's pods under its own name."""
+    issuer, first, second = nowhere(), unique("td"), unique("td")
+    assert trust_domains(first, issuer=issuer).returncode == 0
+    assert denied(trust_domains(second, issuer=issuer)) == (
+        f"TrustDomain {second!r}: issuer {issuer!r} already belongs to TrustDomain {first!r}, "
+        "and one issuer is one trust domain (its tenants would be two). Use TrustDomain "
+        f"{first!r} (name it in the Organizations' members, edit its audiences), or delete it "
+        f"before making {second!r}"
+    )
+    # the first is still its own to edit
+    assert trust_domains(first, issuer=issuer, audiences=["o41", "batch"]).returncode == 0
+
+
+@on_the_bed
+def test_an_api_server_audience_is_refused(trust_domains: Callable[..., Any]) -> None:
+    """Accepting it would let anyone holding a token meant for B's API server (a
+    credential to B) use it here."""
+    name = unique("td")
+    message = denied(
+        trust_domains(name, issuer=nowhere(), audiences=["o41", "https://kubernetes.default.svc"])
+    )
+    assert message.startswith(
+        f"TrustDomain {name!r}: spec.audiences ['https://kubernetes.default.svc'] are the API "
+        "server's"
+    )
+    assert message.endswith("Use an audience of this service instead, e.g. 'o41' (the pods "
+                            "ask for it in their serviceAccountToken projection)")  # fmt: skip
+
+
+@on_the_bed
+def test_inline_keys_with_private_material_or_none_usable_are_refused(
+    trust_domains: Callable[..., Any],
+) -> None:
+    private = RSAKey.generate_key(2048, parameters={"kid": "leaked"}).as_dict(private=True)
+    name = unique("td")
+    message = denied(trust_domains(name, issuer=nowhere(), keys={"jwks": json.dumps(
+        {"keys": [private]})}))  # fmt: skip
+    assert message.startswith(
+        f"TrustDomain {name!r}: spec.keys.jwks holds private key material (key 'leaked' has "
+        "a private member such as 'd'): give only the public keys"
+    )
+    hs256 = {"keys": [{"kty": "oct", "kid": "h", "alg": "HS256"}]}
+    message = denied(trust_domains(name, issuer=nowhere(), keys={"jwks": json.dumps(hs256)}))
+    assert "spec.keys.jwks has no usable key among its 1" in message
+    message = denied(trust_domains(name, issuer=nowhere(), keys={"jwks": "not json"}))
+    assert message.startswith(f"TrustDomain {name!r}: spec.keys.jwks is not JSON")
+
+
+@on_the_bed
+def test_the_issuer_cannot_change(trust_domains: Callable[..., Any]) -> None:
+    """CEL refuses it first, the webhook too (a CRD installed without its rules)."""
+    name = unique("td")
+    assert trust_domains(name, issuer=nowhere()).returncode == 0
+    done = trust_domains(name, issuer=nowhere())
+    assert done.returncode != 0
+    assert f'The TrustDomain "{name}" is invalid: spec.issuer: Invalid value:' in done.stderr
+    assert ISSUER_IMMUTABLE in done.stderr, done.stderr

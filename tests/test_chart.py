@@ -477,6 +477,11 @@ WEBHOOKS = {
         "/organization-picks",
     ),
     "organization-delete.artifacts.o41.io": ("organizations", ["DELETE"], "/organization-delete"),
+    "trustdomain-rules.artifacts.o41.io": (
+        "trustdomains",
+        ["CREATE", "UPDATE"],
+        "/trustdomain-rules",
+    ),
 }
 
 
@@ -567,11 +572,11 @@ def rules_of(docs: list[Doc], kind: str, suffix: str) -> set[tuple[str, str, str
 def test_rbac_is_least_privilege() -> None:
     docs = render()
     g = "artifacts.o41.io"
-    crud = {(g, r, v) for r in ("locations", "organizations") for v in ("get", "list", "watch")}
+    ours = ("locations", "organizations", "trustdomains")
+    crud = {(g, r, v) for r in ours for v in ("get", "list", "watch")}
     assert rules_of(docs, "ClusterRole", "-operator") == crud | {
-        (g, "locations", "patch"),
-        (g, "organizations", "patch"),
-        *((g, f"{r}/status", v) for r in ("locations", "organizations") for v in ("get", "patch")),
+        *((g, r, "patch") for r in ours),
+        *((g, f"{r}/status", v) for r in ours for v in ("get", "patch")),
         ("", "events", "create"),
         ("", "events", "patch"),
         ("events.k8s.io", "events", "create"),
@@ -580,7 +585,7 @@ def test_rbac_is_least_privilege() -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     }
-    # the placement service writes no Location or Organization, status included
+    # the placement service writes no Location, Organization or TrustDomain, status included
     assert rules_of(docs, "ClusterRole", "-placement") == crud | {
         ("authentication.k8s.io", "tokenreviews", "create"),
     }

@@ -37,7 +37,9 @@ from support import wait_for
 
 pytestmark = [pytest.mark.kube]
 
-CRD_NAMES = ("locations.artifacts.o41.io", "organizations.artifacts.o41.io")
+CRD_NAMES = tuple(
+    f"{plural}.artifacts.o41.io" for plural in ("locations", "organizations", "trustdomains")
+)
 
 
 @dataclass
@@ -260,6 +262,10 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
 
     # no more than needed
     assert can_i(operator_kc, "patch", "locations.artifacts.o41.io")
+    assert can_i(operator_kc, "patch", "trustdomains.artifacts.o41.io", "--subresource=status")
+    assert can_i(service_kc, "watch", "trustdomains.artifacts.o41.io")
+    assert not can_i(service_kc, "patch", "trustdomains.artifacts.o41.io")
+    assert not can_i(service_kc, "patch", "configmaps/o41-trust-x", "-n", ns)
     assert can_i(operator_kc, "get", "secrets", "-n", ns)
     assert can_i(service_kc, "create", "tokenreviews.authentication.k8s.io")
     # the operator's records: only it writes ConfigMaps there; the service reads them and

@@ -3,12 +3,23 @@ hypothesis properties (``o41.core.admission``)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from o41.core.admission import check_pick_change, check_retire_change, picks_made, retiring
+from o41.core.admission import (
+    check_pick_change,
+    check_retire_change,
+    check_trust_domain,
+    picks_made,
+    retiring,
+)
+from o41.core.jwks import PRIVATE_MEMBERS
 from o41.core.organization import Effective, LocationFacts, Picks, Refused, effective
+from o41.core.trust import API_SERVER_AUDIENCES
 
 
 def loc(name: str, cloud: str = "aws", region: str = "us-east-1", **kw: bool) -> LocationFacts:
@@ -190,3 +201,114 @@ def test_retiring_is_refused_exactly_for_the_fallback_in_force_or_shown(
         return
     with pytest.raises(Refused, match="make another location the fallback first"):
         check()
+
+
+# --- TrustDomain: one issuer, one domain; no API server audience; public keys only --------
+
+ISSUER = "https://oidc.cluster-b.example"
+RSA_PUBLIC = {"kty": "RSA", "kid": "k1", "n": "sXch", "e": "AQAB", "alg": "RS256", "use": "sig"}
+EC_PUBLIC = {"kty": "EC", "kid": "k2", "crv": "P-256", "x": "f83O", "y": "x_FE"}
+
+
+def td(issuer: str = ISSUER, **spec: Any) -> dict[str, Any]:
+    return {"issuer": issuer, **spec}
+
+
+def inline(*keys: dict[str, Any]) -> dict[str, Any]:
+    return {"jwks": json.dumps({"keys": list(keys)})}
+
+
+def test_a_new_trust_domain_with_its_own_issuer_is_accepted() -> None:
+    check_trust_domain("cluster-b", td(), None, {"cluster-c": "https://oidc.cluster-c.example"})
+    check_trust_domain("cluster-b", td(keys=inline(RSA_PUBLIC, EC_PUBLIC)), None, {})
+
+
+def test_an_issuer_of_another_trust_domain_is_refused_naming_it() -> None:
+    with pytest.raises(Refused) as caught:
+        check_trust_domain("b2", td(), None, {"cluster-b": ISSUER})
+    message = str(caught.value)
+    assert f"issuer {ISSUER!r} already belongs to TrustDomain 'cluster-b'" in message
+    assert "Use TrustDomain 'cluster-b'" in message and "or delete it" in message
+
+
+def test_an_update_does_not_collide_with_itself() -> None:
+    check_trust_domain("cluster-b", td(audiences=["o41", "x"]), td(), {"cluster-b": ISSUER})
+
+
+def test_another_issuer_than_at_creation_is_refused() -> None:
+    with pytest.raises(
+        Refused, match=r"spec\.issuer cannot change after creation.*new TrustDomain"
+    ):
+        check_trust_domain("cluster-b", td("https://other.example"), td(), {"cluster-b": ISSUER})
+
+
+@pytest.mark.parametrize(
+    "audience",
+    [*sorted(API_SERVER_AUDIENCES), ISSUER],
+)
+def test_an_api_server_audience_is_refused(audience: str) -> None:
+    with pytest.raises(Refused) as caught:
+        check_trust_domain("cluster-b", td(audiences=["o41", audience]), None, {})
+    message = str(caught.value)
+    assert f"spec.audiences [{audience!r}] are the API server's" in message
+    assert "e.g. 'o41'" in message
+
+
+@given(
+    st.lists(st.text(min_size=1, max_size=20), max_size=4),
+    st.sampled_from(sorted(API_SERVER_AUDIENCES)),
+)
+def test_any_audiences_holding_an_api_server_one_are_refused(
+    others: list[str], refused: str
+) -> None:
+    with pytest.raises(Refused, match="are the API server's"):
+        check_trust_domain("cluster-b", td(audiences=[*others, refused]), None, {})
+
+
+@given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=4))
+def test_audiences_of_this_service_alone_are_accepted(audiences: list[str]) -> None:
+    mine = [a for a in audiences if a not in API_SERVER_AUDIENCES | {ISSUER}] or ["o41"]
+    check_trust_domain("cluster-b", td(audiences=mine), None, {})
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        ({"jwks": "{not json"}, "spec.keys.jwks is not JSON"),
+        ({"jwks": "[1, 2]"}, 'is not a JWKS: a JSON object with a "keys" list'),
+        ({"jwks": "[" * 100_000}, "is not"),
+        (inline({**RSA_PUBLIC, "d": "secret"}), "holds private key material (key 'k1'"),
+        (inline(RSA_PUBLIC, {"kty": "oct", "k": "c2VjcmV0"}), "(key '#1' has a private"),
+        (inline(), "no usable key among its 0"),
+        (inline({**RSA_PUBLIC, "alg": "HS256"}), "no usable key among its 1"),
+        (inline({**EC_PUBLIC, "crv": "P-384"}), "no usable key"),
+        (inline({**RSA_PUBLIC, "use": "enc"}), "no usable key"),
+        (inline({k: v for k, v in RSA_PUBLIC.items() if k != "kid"}), "no usable key"),
+    ],
+    ids=[
+        "not-json",
+        "not-a-jwks",
+        "deep",
+        "private-rsa",
+        "symmetric",
+        "empty",
+        "hs256",
+        "p384",
+        "encryption",
+        "no-kid",
+    ],
+)
+def test_an_inline_jwks_needs_a_usable_public_key_and_no_private_one(
+    keys: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(Refused) as caught:
+        check_trust_domain("cluster-b", td(keys=keys), None, {})
+    assert said in str(caught.value)
+    assert "TrustDomain 'cluster-b'" in str(caught.value)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(PRIVATE_MEMBERS)), st.text(max_size=8), min_size=1))
+def test_any_private_member_refuses_the_jwks(private: dict[str, str]) -> None:
+    keys = inline(RSA_PUBLIC, {**EC_PUBLIC, **private})
+    with pytest.raises(Refused, match="private key material"):
+        check_trust_domain("cluster-b", td(keys=keys), None, {})

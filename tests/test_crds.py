@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from o41.crd import IMMUTABLE, rendered
+from o41.crd import IMMUTABLE, ISSUER_IMMUTABLE, ONE_KEY_SOURCE, TRUST_DOMAIN_NAME_RULE, rendered
 from o41.testbed.kube import Kube, kubectl_binary
 
 from support import wait_for
@@ -46,10 +46,11 @@ def test_every_field_has_a_description_for_kubectl_explain() -> None:
 @pytest.mark.kube
 def test_api_server_accepts_the_crds_with_names_and_columns(kube: Kube) -> None:
     kube.kubectl("apply", "--server-side", "-f", str(CRDS))
-    for name in ("locations.artifacts.o41.io", "organizations.artifacts.o41.io"):
-        kube.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    for plural in ("locations", "organizations", "trustdomains"):
+        crd = f"crd/{plural}.artifacts.o41.io"
+        kube.kubectl("wait", "--for=condition=Established", crd, "--timeout=60s")
     resources = kube.kubectl("api-resources", "--api-group=artifacts.o41.io", "-o", "wide")
-    assert "loc,locs" in resources and "org,orgs" in resources
+    assert "loc,locs" in resources and "org,orgs" in resources and "td,tds" in resources
     assert "o41" in kube.kubectl("api-resources", "--categories=o41", "-o", "name")
 
     # the API server publishes a new CRD's OpenAPI a moment after it is Established
@@ -61,6 +62,9 @@ def test_api_server_accepts_the_crds_with_names_and_columns(kube: Kube) -> None:
     crd = json.loads(kube.kubectl("get", "crd", "locations.artifacts.o41.io", "-o", "json"))
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns[:6] == ["Organization", "Cloud", "Region", "Ready", "Role", "Retired"]
+    crd = json.loads(kube.kubectl("get", "crd", "trustdomains.artifacts.o41.io", "-o", "json"))
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns == ["Issuer", "Ready", "Reason", "Keys", "Fetched", "Age"]
 
 
 # --- immutability: what says where the versions live, refused by CEL in the API server ---
@@ -227,3 +231,56 @@ def test_credentials_can_change(kube: Kube, crds_installed: None) -> None:
         # the same backend again (kubectl apply of an unchanged file) is no change
         done = patch(kube, name, {"backend": BACKENDS[kind][2]})
         assert done.returncode == 0, done.stderr
+
+
+# --- TrustDomain: what one object can check alone -----------------------------------------
+
+
+def trust_domain(kube: Kube, name: str, **spec: Any) -> subprocess.CompletedProcess[str]:
+    body = {
+        "apiVersion": "artifacts.o41.io/v1alpha1",
+        "kind": "TrustDomain",
+        "metadata": {"name": name},
+        "spec": {"issuer": f"{CLOSED.replace('http:', 'https:')}/{name}", **spec},
+    }
+    return subprocess.run(
+        [kubectl_binary(), f"--kubeconfig={kube.kubeconfig}", "apply", "-f", "-"],
+        input=json.dumps(body),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def trust_domain_crd(kube: Kube) -> None:
+    kube.kubectl("apply", "--server-side", "-f", str(CRDS))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "crd/trustdomains.artifacts.o41.io", "--timeout=60s"
+    )
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("name", ["cluster.b", "x" * 64])
+def test_a_trust_domain_name_is_a_dns_label(kube: Kube, trust_domain_crd: None, name: str) -> None:
+    """It prefixes the tenants `<trustDomain>:<namespace>`; a dot or 64 characters would
+    make a tenant name other code cannot split or store."""
+    done = trust_domain(kube, name)
+    assert done.returncode != 0
+    assert TRUST_DOMAIN_NAME_RULE["message"] in done.stderr, done.stderr
+
+
+@pytest.mark.kube
+def test_a_trust_domains_issuer_cannot_change_and_its_keys_have_one_source(
+    kube: Kube, trust_domain_crd: None
+) -> None:
+    name = f"cel-td-{uuid.uuid4().hex[:6]}"
+    assert trust_domain(kube, name).returncode == 0
+    done = trust_domain(kube, name, issuer="https://127.0.0.1:9/another")
+    assert done.stderr.startswith(f'The TrustDomain "{name}" is invalid: '), done.stderr
+    shown = 'spec.issuer: Invalid value: "https://127.0.0.1:9/another": '
+    assert shown + ISSUER_IMMUTABLE in done.stderr, done.stderr
+    both = {"jwksURL": "https://127.0.0.1:9/keys", "jwks": '{"keys": []}'}
+    done = trust_domain(kube, name, keys=both)
+    assert f"spec.keys: Invalid value: {ONE_KEY_SOURCE}" in done.stderr, done.stderr

@@ -8,20 +8,27 @@ The organization rules say what may be picked, retired or deleted
 - Retiring protects the fallback in force and the fallback shown in status: what the
   user reads in ``kubectl get organization`` is never retired from under them, even while
   the operator has not caught up with a change yet.
+
+A TrustDomain's rules (``check_trust_domain``) need the other TrustDomains' issuers, which
+CEL cannot see: one issuer is one trust domain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from o41.core.jwks import NotAJwks, parse_jwks, private_key_ids, signing_keys
 from o41.core.organization import (
     Effective,
     LocationFacts,
     Picks,
+    Refused,
     check_picks,
     check_retire,
     effective,
 )
+from o41.core.trust import API_SERVER_AUDIENCES, TrustPolicy
 
 
 def picks_made(new: Picks, old: Picks | None = None) -> Picks:
@@ -75,3 +82,81 @@ def check_retire_change(
     check_retire(location, organization, in_force)
     if shown.fallback not in (None, in_force.fallback):
         check_retire(location, organization, shown)
+
+
+# --- TrustDomain: one issuer, one domain; never the API server's audience -----------------
+
+DEFAULT_AUDIENCES = ("o41",)  # the CRD's default (the model's), absent from the schema
+
+
+def check_trust_domain(
+    name: str,
+    spec: Mapping[str, Any],
+    old_spec: Mapping[str, Any] | None,
+    others: Mapping[str, str],
+) -> None:
+    """Refuse a TrustDomain (created, or changed from ``old_spec``) that would be unsafe or
+    ambiguous: another issuer than at creation; the issuer of another TrustDomain
+    (``others``: name -> issuer); an audience of the API server; an inline JWKS that holds
+    a private key or no usable public key."""
+    issuer = str(spec.get("issuer") or "")
+    if old_spec is not None and old_spec.get("issuer") not in (None, issuer):
+        raise Refused(
+            f"TrustDomain {name!r}: spec.issuer cannot change after creation (it was "
+            f"{old_spec.get('issuer')!r}): the tenants {name}:<namespace> are that issuer's. "
+            "Make a new TrustDomain for the new issuer, name it in the Organizations' "
+            "members, then delete this one"
+        )
+    for other, theirs in sorted(others.items()):
+        if other != name and theirs == issuer:
+            raise Refused(
+                f"TrustDomain {name!r}: issuer {issuer!r} already belongs to TrustDomain "
+                f"{other!r}, and one issuer is one trust domain (its tenants would be two). Use "
+                f"TrustDomain {other!r} (name it in the Organizations' members, edit its "
+                f"audiences), or delete it before making {name!r}"
+            )
+    check_audiences(name, issuer, spec.get("audiences") or DEFAULT_AUDIENCES)
+    keys = spec.get("keys") or {}
+    if keys.get("jwks") is not None:
+        check_inline_jwks(name, str(keys["jwks"]))
+
+
+def check_audiences(name: str, issuer: str, audiences: Sequence[str]) -> None:
+    """The policy's own rule (``TrustPolicy``): never an API server's audience."""
+    try:
+        TrustPolicy(name, issuer, frozenset(audiences))
+    except ValueError:
+        refused = sorted(set(audiences) & (API_SERVER_AUDIENCES | {issuer}))
+        raise Refused(
+            f"TrustDomain {name!r}: spec.audiences {refused} are the API server's (its "
+            "default audiences, or the issuer itself): a token with such an audience is a "
+            "credential to that cluster, and whoever holds one must not be able to use it "
+            "here. Use an audience of this service instead, e.g. 'o41' (the pods ask for it "
+            "in their serviceAccountToken projection)"
+        ) from None
+
+
+def check_inline_jwks(name: str, text: str) -> None:
+    """spec.keys.jwks: a JWKS, public keys only, at least one usable (RS256 or ES256)."""
+    try:
+        jwks = parse_jwks(text)
+    except NotAJwks as e:
+        raise Refused(
+            f"TrustDomain {name!r}: spec.keys.jwks {e}. Paste the output of "
+            "`kubectl get --raw /openid/v1/jwks` in the issuer's cluster"
+        ) from None
+    private = private_key_ids(jwks)
+    if private:
+        raise Refused(
+            f"TrustDomain {name!r}: spec.keys.jwks holds private key material (key "
+            f"{private[0]!r} has a private member such as 'd'): give only the public keys "
+            "(`kubectl get --raw /openid/v1/jwks` in the issuer's cluster), and replace the "
+            "leaked key at the issuer"
+        )
+    if not signing_keys(jwks):
+        raise Refused(
+            f"TrustDomain {name!r}: spec.keys.jwks has no usable key among its "
+            f"{len(jwks['keys'])}: tokens are verified with RS256 (kty RSA) or ES256 (kty EC, "
+            "crv P-256) public keys that have a kid and are for signatures (use sig). Paste "
+            "the output of `kubectl get --raw /openid/v1/jwks` in the issuer's cluster"
+        )

@@ -1,9 +1,10 @@
 """The validating admission webhook: refuse what the organization rules forbid.
 
 CEL in the CRDs checks what one object can check alone (immutable cloud, region, backend);
-these checks need other objects (the fallback in force, the Locations a pick names) or act
-on DELETE, which CEL cannot. Every refusal says what to do instead. What a change brings
-into play is decided in the core (``o41.core.admission``); these handlers gather the facts.
+these checks need other objects (the fallback in force, the Locations a pick names, the
+other TrustDomains' issuers) or act on DELETE, which CEL cannot. Every refusal says what
+to do instead. What a change brings into play is decided in the core
+(``o41.core.admission``); these handlers gather the facts.
 
 No rule here decides from a field a user can write: whether a location ever became Ready
 or its setup failed comes from the operator's record (a ConfigMap only the operator
@@ -13,12 +14,14 @@ writes), read from the API server at the time of the request, never from status.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
-from o41.api import GROUP, VERSION
-from o41.core.admission import check_pick_change, check_retire_change
+from o41.api import GROUP, VERSION, TrustDomainSpec
+from o41.core.admission import check_pick_change, check_retire_change, check_trust_domain
 from o41.core.organization import (
     Effective,
     Picks,
@@ -37,6 +40,7 @@ from o41.operator.index import (
 )
 from o41.operator.model import in_order, picks_of
 from o41.operator.state import shared
+from o41.trust_keys import KeyFetchFailed, ssl_context, usable_keys
 
 
 def _refuse(e: Refused) -> kopf.AdmissionError:
@@ -136,3 +140,44 @@ def refuse_unusable_picks(
         check_pick_change(name, new, before, named(locations_by_name, names, shared(memo).records))
     except Refused as e:
         raise _refuse(e) from None
+
+
+@kopf.on.validate(  # type: ignore[arg-type]  # kopf passes old by name
+    GROUP, VERSION, "trustdomains", id="trustdomain-rules", operations=["CREATE", "UPDATE"]
+)
+@telemetry.admission("trustdomain-rules")
+async def refuse_unsafe_trust_domains(
+    name: str, spec: kopf.Spec, old: Any, memo: kopf.Memo, **_: Any
+) -> None:
+    """One issuer, one domain (the TrustDomains listed now: a cached index could miss one
+    just made); the issuer fixed; no API server audience; an inline JWKS of public keys,
+    one at least usable; a CA bundle that parses."""
+    try:
+        every = await asyncio.to_thread(shared(memo).cluster.list_objects, "trustdomains")
+    except Exception as e:
+        raise kopf.AdmissionError(
+            f"could not read the TrustDomains from the API server ({type(e).__name__}), so "
+            "the issuer's uniqueness is unknown: try again shortly",
+            code=503,
+        ) from None
+    others = {
+        str(td["metadata"]["name"]): str((td.get("spec") or {}).get("issuer") or "") for td in every
+    }
+    new = dict(spec)
+    try:
+        check_trust_domain(name, new, (old or {}).get("spec") if old else None, others)
+    except Refused as e:
+        raise _refuse(e) from None
+    try:
+        model = TrustDomainSpec.model_validate(new)
+        ssl_context(model, name)
+        if model.keys.jwks is not None:
+            usable_keys(json.loads(model.keys.jwks), "spec.keys.jwks", name)
+    except KeyFetchFailed as e:
+        raise kopf.AdmissionError(e.message, code=422) from None
+    except ValidationError as e:  # the CRD's schema refuses these first
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise kopf.AdmissionError(
+            f"TrustDomain {name!r}: spec.{where}: {first['msg']}: fix it", code=422
+        ) from None

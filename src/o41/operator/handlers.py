@@ -6,6 +6,8 @@
 - Location: set up its bucket and check it stays reachable (``o41.operator.buckets``).
 - Organization: keep the fallback and cloud defaults in force whenever a Location or the
   Organization changes (``o41.operator.organizations``).
+- TrustDomain: fetch its issuer's keys into the operator's record, and again every
+  spec.refreshInterval (``o41.operator.trust``).
 
 The indexes are in ``o41.operator.index``.
 """
@@ -20,7 +22,7 @@ from typing import Any
 import kopf
 
 from o41.api import GROUP, VERSION
-from o41.operator import buckets, events, organizations, telemetry, versions
+from o41.operator import buckets, events, organizations, telemetry, trust, versions
 from o41.operator.cluster import Cluster, operator_namespace
 from o41.operator.index import LocationsIndex, OrganizationsIndex
 from o41.operator.state import Shared, put, shared
@@ -140,3 +142,35 @@ async def organization_changed(
         state.organizations.forget(name)
         return
     await organizations.reconcile(state, name, locations_by_organization, organizations_by_name)
+
+
+# --- TrustDomain: its issuer's keys --------------------------------------------------------
+
+
+@kopf.on.resume(GROUP, VERSION, "trustdomains")
+@kopf.on.create(GROUP, VERSION, "trustdomains")
+@kopf.on.update(GROUP, VERSION, "trustdomains", field="spec")
+@telemetry.reconciled("trustdomains")
+async def fetch_trust_domain_keys(
+    body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: kopf.Memo, **_: Any
+) -> None:
+    """Fetch the keys now; a failure shows in status and the timer retries."""
+    state = shared(memo)
+    await trust.Refresh(state.cluster, state.trust, body, patch, logger).run(scheduled=False)
+
+
+@kopf.timer(GROUP, VERSION, "trustdomains", interval=trust.TICK, initial_delay=trust.TICK, idle=0)
+@telemetry.reconciled("trustdomains")
+async def refresh_trust_domain_keys(
+    body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: kopf.Memo, **_: Any
+) -> None:
+    """Every spec.refreshInterval (sooner after a failure): rotations reach the record."""
+    state = shared(memo)
+    await trust.Refresh(state.cluster, state.trust, body, patch, logger).run(scheduled=True)
+
+
+@kopf.on.event(GROUP, VERSION, "trustdomains")
+async def trust_domain_changed(uid: str, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted TrustDomain's state goes with it (its record: the garbage collector)."""
+    if type == "DELETED":
+        shared(memo).trust.forget(uid)

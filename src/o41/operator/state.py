@@ -17,6 +17,7 @@ from typing import Any
 from o41.core.organization import Effective
 from o41.operator.cluster import Cluster
 from o41.operator.records import Records
+from o41.operator.trust import TrustDomains
 from o41.operator.versions import ShownCounts
 
 KEY = "o41"
@@ -57,6 +58,7 @@ class Shared:
     records: Records
     organizations: Organizations = field(default_factory=Organizations)
     counts: ShownCounts = field(default_factory=ShownCounts)
+    trust: TrustDomains = field(default_factory=TrustDomains)
     checks: ThreadPoolExecutor = field(default_factory=_checks_pool, repr=False)
 
     @classmethod

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[3]
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
+IN_CLUSTER_ISSUER = "https://kubernetes.default.svc.cluster.local"
+SELF = "self"  # ControlPlane(issuer=SELF): the API server's own URL is its issuer
+# Lets anyone (anonymous included) read the issuer's discovery document and public keys,
+# as a cluster must for another to verify its tokens by OIDC discovery.
+DISCOVERY_ROLE = "system:service-account-issuer-discovery"
+PUBLIC_DISCOVERY_BINDING = "o41-public-service-account-issuer-discovery"
 
 
 def bin_dir() -> Path:
@@ -136,6 +142,10 @@ class ControlPlane:
     etcd: EtcdCluster | None = None
     api_port: int = 0
     authority: Authority | None = None  # the cluster's CA: a real node's certificates
+    # The service account issuer. None: the in-cluster name, as ever (the tokens of one
+    # cluster alone). SELF: the API server's own URL, which serves the discovery document
+    # and the JWKS, so another cluster's hub can fetch them (a second cluster of issue 31).
+    issuer: str | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -148,6 +158,43 @@ class ControlPlane:
     @property
     def pki(self) -> Path:
         return self.directory / "pki"
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA of the API server's certificate: a TrustDomain's caBundle."""
+        return self.pki / "ca.crt"
+
+    @property
+    def service_account_issuer(self) -> str:
+        """The issuer its tokens name (``iss``), and its API audience."""
+        if self.issuer is None:
+            return IN_CLUSTER_ISSUER
+        return self.server_url if self.issuer == SELF else self.issuer
+
+    def allow_public_issuer_discovery(self) -> None:
+        """Bind ``system:service-account-issuer-discovery`` to ``system:unauthenticated``:
+        the discovery document and the JWKS become readable without credentials."""
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            PUBLIC_DISCOVERY_BINDING,
+            f"--clusterrole={DISCOVERY_ROLE}",
+            "--group=system:unauthenticated",
+        )
+
+    def deny_public_issuer_discovery(self) -> None:
+        self.kubectl("delete", "clusterrolebinding", PUBLIC_DISCOVERY_BINDING, "--ignore-not-found")
+
+    def stop_api_server(self) -> None:
+        """Stop the kube-apiserver alone (the cluster unreachable, its state kept)."""
+        self._api_server().stop()
+
+    def start_api_server(self) -> None:
+        """Start the kube-apiserver again, on its port, with its keys."""
+        self._api_server().start().wait_ready(self._api_ready, timeout=120)
+
+    def _api_server(self) -> Server:
+        return next(s for s in self.servers if s.name == "kube-apiserver")
 
     def forget(self, resource: str, name: str) -> None:
         """Remove a cluster-scoped object of the product's group straight from this control
@@ -207,8 +254,8 @@ class ControlPlane:
                 f"--client-ca-file={ca.cert_path}",
                 f"--service-account-key-file={sa_key}",
                 f"--service-account-signing-key-file={sa_key}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-issuer={self.service_account_issuer}",
+                f"--api-audiences={self.service_account_issuer}",
                 "--authorization-mode=Node,RBAC",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",

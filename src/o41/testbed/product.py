@@ -52,8 +52,9 @@ def store_secrets(
 
 def install_crds(kubeconfig: Path) -> None:
     kubectl(kubeconfig, "apply", "--server-side", "-f", str(CRDS))
-    for name in ("locations.artifacts.o41.io", "organizations.artifacts.o41.io"):
-        kubectl(kubeconfig, "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    for plural in ("locations", "organizations", "trustdomains"):
+        crd = f"crd/{plural}.artifacts.o41.io"
+        kubectl(kubeconfig, "wait", "--for=condition=Established", crd, "--timeout=60s")
 
 
 class _Process:
@@ -80,6 +81,7 @@ class OperatorProcess(_Process):
     directory: Path
     check_interval: float = 5.0
     max_backoff: float = 4.0
+    trust_refresh: float = 2.0  # seconds between fetches of a TrustDomain's keys
     log_format: str = "text"
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
@@ -132,6 +134,7 @@ class OperatorProcess(_Process):
                 "O41_OPERATOR_NAMESPACE": NAMESPACE,
                 "O41_LOCATION_CHECK_INTERVAL": str(self.check_interval),
                 "O41_MAX_BACKOFF": str(self.max_backoff),
+                "O41_TRUST_REFRESH_INTERVAL": str(self.trust_refresh),
             },
         ).start()
         self.server.wait_ready(lambda: _answers(liveness), timeout=60)
