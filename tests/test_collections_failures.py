@@ -272,9 +272,10 @@ def test_a_killed_leader_stalls_strong_writes_briefly(
 def test_without_majority_strong_calls_fail_fast_until_it_returns(
     etcd_cluster: EtcdCluster, tmp_path: Path
 ) -> None:
-    """2 of 3 members down: the first strong call fails after the store's timeout, the
-    next ones at once, with the same error, until a probe sees a majority again; then
-    answers resume. Prints the times (no timing assertion)."""
+    """2 of 3 members down: the first strong call fails after the store's timeout; once
+    the probe has found no majority, the next ones fail at once, with the same error,
+    until a probe sees a majority again; then answers resume. Prints the times (no
+    timing assertion)."""
     service = ServiceProcess(
         etcd_cluster.endpoints, tmp_path / "service.log", "--store-timeout", "2"
     ).start()
@@ -303,10 +304,16 @@ def test_without_majority_strong_calls_fail_fast_until_it_returns(
             f"next 20 after at most {max(t for t, _ in later):.3f} s "
             f"(median {sorted(t for t, _ in later)[10]:.3f} s)"
         )
-        print("  the error:", later[0][1])
+        print("  the error:", later[-1][1])
         assert all(message for _, message in later)  # every one failed, none hung
-        assert "majority" in later[0][1]
-        assert {m.replace("; it was not applied", "") for _, m in later} == {
+        # Once the probe has found no majority, every strong call fails at once with its
+        # one error. When the probe says so is not asserted: on loaded cores its first
+        # round can outlast the first calls' timeouts (a cold CI run), which then fail
+        # with their own "did not answer" error first.
+        fast = [i for i, (_, message) in enumerate(later) if "majority" in message]
+        assert fast, "the calls never failed at once"
+        settled = later[fast[0] :]
+        assert {m.replace("; it was not applied", "") for _, m in settled} == {
             later[-1][1]
         }  # the same error, a write's saying it was not applied
 
