@@ -6,5 +6,6 @@ pytest_plugins = [
     "fixtures.etcd",
     "fixtures.operator",  # after the ones it imports
     "fixtures.placement",
+    "fixtures.world",
     "fixtures.node",
 ]

@@ -20,8 +20,8 @@ from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from test_fuzz import _forged_token
-from test_placement import API, World
 
+from fixtures.world import API, World
 from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]

@@ -36,8 +36,8 @@ from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from o41.webhook.collections import routes
 from o41.webhook.records import pending_key
 from test_collections_support import ServiceThread
-from test_placement import World
 
+from fixtures.world import World
 from support import wait_for
 
 T = TypeVar("T")

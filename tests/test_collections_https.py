@@ -1,7 +1,8 @@
 """The collections client over https: a pod behind a TLS-terminating proxy or a mesh, or a
 service given a certificate, trusting a private CA through ``SSL_CERT_FILE`` (the
 standard library's default verify paths, so the artifacts client takes it as well; in a
-pod the file is a bundle of the system's CAs and the private one).
+pod the file is a bundle of the system's CAs and the private one). ``O41_ARTIFACTS_CA_FILE``,
+the hub's bundle alone, is tested in test_placement_https.py; a refusal names it.
 
 The service here is the real collections routes served over TLS on 127.0.0.1, with a
 serving certificate of a throwaway CA.
@@ -63,7 +64,7 @@ def test_a_service_certificate_the_pod_does_not_trust_is_refused_saying_what_to_
     with pytest.raises(Unavailable) as refused:
         service.client().dict("checkpoints")["step-1"] = b"never sent"
     message = str(refused.value)
-    assert "CERTIFICATE_VERIFY_FAILED" in message
-    assert "point SSL_CERT_FILE at a CA bundle that holds it, with the system's CAs" in message
+    assert "certificate verify failed" in message
+    assert "set O41_ARTIFACTS_CA_FILE to the hub's CA bundle" in message
     # nothing reached the store
     assert service.run(service.store.range(b"/o41/collections/")) == []

@@ -16,7 +16,8 @@ import pytest
 
 from o41.artifacts import Client, Forbidden
 from o41.core.places import Place
-from test_placement import World, world  # noqa: F401 - the module's fixture
+
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -29,7 +30,7 @@ def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_pyarrow_reads_a_directory_version_on_versitygw_and_etcd(world: World) -> None:  # noqa: F811
+def test_pyarrow_reads_a_directory_version_on_versitygw_and_etcd(world: World) -> None:
     w = world
     east = Place("aws", "us-east-1", "env")
     client = sdk(w, w.team_a, east)
@@ -78,7 +79,7 @@ def test_pyarrow_reads_a_directory_version_on_versitygw_and_etcd(world: World) -
     assert status == 403
 
 
-def test_a_directory_on_the_gcs_stand_in_and_a_half_directory(world: World) -> None:  # noqa: F811
+def test_a_directory_on_the_gcs_stand_in_and_a_half_directory(world: World) -> None:
     w = world
     gcp = Place("gcp", "us-central1", "env")
     client = sdk(w, w.team_a, gcp)

@@ -25,7 +25,8 @@ from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from o41.webhook.openapi import document
-from test_placement import World
+
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 

@@ -26,9 +26,9 @@ from o41.testbed.kube import Kube
 from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from test_chart import CHART, run_helm
-from test_placement import World
 
 from fixtures.operator import Operator
+from fixtures.world import World
 from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
@@ -145,6 +145,10 @@ def load(world: World, operator: Operator, azure: AzureStore) -> Iterator[dict[s
     assert region["location"] == world.east and fallback["location"] == world.east
     _, data = world.read(region["version"], world.team_a, place=("gcp", "us-central1"))
     assert data == b"r" * 1000
+    # a listing: a range read of the store whatever ran before (the quota's count of a
+    # namespace's collections, also a range, happens only when no recent count exists)
+    status, listed = world.api("GET", f"/v1/organizations/{world.org}/artifacts/model/versions")
+    assert status == 200 and len(listed["versions"]) == 2, listed
     (world.tmp / "small").write_bytes(b"s")
     refused = world.o41(
         "write", "--org", world.org, "--artifact", "a", str(world.tmp / "small"),

@@ -21,259 +21,14 @@ import pytest
 
 from o41.core.parts import crc32_b64
 from o41.testbed.kube import Kube
-from o41.testbed.process import free_port
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
+from o41.testbed.product import NAMESPACE
+from o41.testbed.stores import S3Store
 
 from fixtures.placement import BreakableEndpoint
+from fixtures.world import API, World
 from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
-
-API = "artifacts.o41.io/v1alpha1"
-
-
-class World:
-    """One organization with locations in several clouds and regions, and pod tokens."""
-
-    east: str
-    west: str
-    central: str
-    team_a: Path
-    team_b: Path
-
-    def __init__(
-        self,
-        kube: Kube,
-        credentials: dict[str, str],
-        s3: S3Store,
-        gcs: GcsStore,
-        azure: AzureStore,
-        service: PlacementService,
-        tmp: Path,
-    ) -> None:
-        self.kube, self.service, self.tmp = kube, service, tmp
-        self.org = f"ml-{uuid.uuid4().hex[:6]}"
-        self.s3, self.gcs, self.azure, self.credentials = s3, gcs, azure, credentials
-        self.closed = f"http://127.0.0.1:{free_port()}"  # metadata URLs: nothing listens
-
-    def apply(self, obj: dict[str, Any]) -> None:
-        self.kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
-
-    def location(
-        self, name: str, cloud: str, region: str, backend: dict[str, Any], secret: str
-    ) -> str:
-        name = f"{self.org}-{name}"
-        self.apply(
-            {
-                "apiVersion": API,
-                "kind": "Location",
-                "metadata": {"name": name},
-                "spec": {
-                    "organization": self.org,
-                    "cloud": cloud,
-                    "region": region,
-                    "backend": backend,
-                    "credentials": {"secretName": secret},
-                },
-            }
-        )
-        return name
-
-    def organization(self, namespaces: list[str], **spec: Any) -> None:
-        self.apply(
-            {
-                "apiVersion": API,
-                "kind": "Organization",
-                "metadata": {"name": self.org},
-                "spec": {"namespaces": namespaces, **spec},
-            }
-        )
-
-    def pod_environ(self, cloud: str, region: str, strip: tuple[str, ...]) -> dict[str, str]:
-        """This process's environment without the variables starting with ``strip``, as a
-        pod's of ``cloud``/``region`` set by env (no DMI, no metadata address answers)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
-        env.update(
-            {
-                "O41_ARTIFACTS_DMI_DIR": str(self.tmp / "no-dmi"),
-                "O41_ARTIFACTS_AWS_METADATA_URL": self.closed,
-                "O41_ARTIFACTS_GCP_METADATA_URL": self.closed,
-                "O41_ARTIFACTS_AZURE_METADATA_URL": self.closed,
-                "O41_ARTIFACTS_CLOUD": cloud,
-                "O41_ARTIFACTS_REGION": region,
-            }
-        )
-        return env
-
-    def ready(self, *names: str) -> None:
-        for name in names:
-            self.kube.kubectl("wait", "--for=condition=Ready", f"location/{name}", "--timeout=60s")
-
-    def token(self, namespace: str) -> Path:
-        token = self.kube.token(namespace)
-        path = self.tmp / f"token-{namespace}"
-        path.write_text(token)
-        return path
-
-    def o41(
-        self, *args: str, token: Path, place: tuple[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("O41_ARTIFACTS_", "SKYPILOT_"))
-        }
-        env.update(
-            {
-                "O41_ARTIFACTS_DMI_DIR": str(self.tmp / "no-dmi"),
-                "O41_ARTIFACTS_AWS_METADATA_URL": self.closed,
-                "O41_ARTIFACTS_GCP_METADATA_URL": self.closed,
-                "O41_ARTIFACTS_AZURE_METADATA_URL": self.closed,
-            }
-        )
-        if place:
-            env["O41_ARTIFACTS_CLOUD"], env["O41_ARTIFACTS_REGION"] = place
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "o41.cli",
-                *args,
-                "--endpoint",
-                self.service.url,
-                "--token-file",
-                str(token),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    def write(
-        self,
-        data: bytes,
-        token: Path,
-        place: tuple[str, str] | None = None,
-        artifact: str = "model",
-    ) -> dict[str, Any]:
-        path = self.tmp / f"upload-{uuid.uuid4().hex[:6]}"
-        path.write_bytes(data)
-        done = self.o41(
-            "write",
-            "--org",
-            self.org,
-            "--artifact",
-            artifact,
-            str(path),
-            "--json",
-            token=token,
-            place=place,
-        )
-        assert done.returncode == 0, done.stderr
-        result: dict[str, Any] = json.loads(done.stdout)
-        result["stderr"] = done.stderr
-        return result
-
-    def read(
-        self,
-        version: str,
-        token: Path,
-        place: tuple[str, str] | None = None,
-        artifact: str = "model",
-    ) -> tuple[dict[str, Any], bytes]:
-        out = self.tmp / f"download-{uuid.uuid4().hex[:6]}"
-        done = self.o41(
-            "read",
-            "--org",
-            self.org,
-            "--artifact",
-            artifact,
-            "--version",
-            version,
-            "--output",
-            str(out),
-            "--json",
-            token=token,
-            place=place,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout), out.read_bytes()
-
-    def api(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        token: Path | None = None,
-        raw: bytes | None = None,
-        content_type: str = "application/json",
-    ) -> tuple[int, dict[str, Any]]:
-        """One call to the service as a pod makes it: (status, JSON answer), errors too.
-        ``body`` is sent as JSON, ``raw`` as it is; ``token`` defaults to team-a's."""
-        headers = {"Content-Type": content_type}
-        token = token or self.team_a
-        if token.exists():
-            headers["Authorization"] = f"Bearer {token.read_text()}"
-        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            f"{self.service.url}{path}", data=data, method=method, headers=headers
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.load(r)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def usage(self, token: Path) -> list[dict[str, Any]]:
-        req = urllib.request.Request(
-            f"{self.service.url}/v1/usage?organization={self.org}&records=true&limit=5000",
-            headers={"Authorization": f"Bearer {token.read_text()}"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            records: list[dict[str, Any]] = json.load(r)["records"]
-            return records
-
-
-@pytest.fixture(scope="module")
-def world(
-    kube: Kube,
-    credentials: dict[str, str],
-    s3: S3Store,
-    gcs: GcsStore,
-    azure: AzureStore,
-    placement: PlacementService,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> World:
-    w = World(kube, credentials, s3, gcs, azure, placement, tmp_path_factory.mktemp("world"))
-    w.organization(["team-a"])
-    w.east = w.location(
-        "aws-east", "aws", "us-east-1", {"s3": {"endpoint": s3.endpoint}}, credentials["s3"]
-    )
-    w.west = w.location(
-        "aws-west", "aws", "us-west-2", {"s3": {"endpoint": s3.endpoint}}, credentials["s3"]
-    )
-    w.central = w.location(
-        "gcp-central",
-        "gcp",
-        "us-central1",
-        {"gcs": {"endpoint": gcs.endpoint, "project": gcs.project}},
-        credentials["gcs"],
-    )
-    w.ready(w.east, w.west, w.central)
-    w.team_a = w.token("team-a")
-    w.team_b = w.token("team-b")
-    wait_for(
-        lambda: (
-            json.loads(w.kube.kubectl("get", "org", w.org, "-o", "json"))
-            .get("status", {})
-            .get("takesWrites")
-        ),
-        60,
-        "the organization to take writes",
-    )
-    return w
 
 
 def test_writes_land_where_the_spec_says(world: World) -> None:
@@ -696,3 +451,47 @@ def test_pods_share_collections_through_the_service_scoped_to_their_namespace(
     assert second == {"count": 8, "names": ["a", "b"]}
     other = pod(world.team_b, 1, "z")  # same compute and names, another namespace
     assert other == {"count": 1, "names": ["z"]}
+
+
+def test_a_vm_writes_with_a_service_token_until_it_is_revoked(world: World) -> None:
+    """Issue 31, point 3: a platform admin mints a token (kubectl o41 token create), a
+    SkyPilot VM (no cluster, its place from SKYPILOT_CLUSTER_INFO) writes and reads with
+    it as a secret env var, and once revoked it is refused."""
+    admin = ("--namespace", NAMESPACE, "--kubeconfig", str(world.kube.kubeconfig))
+
+    def token(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "o41.cli", "token", *args, *admin],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    made = token("create", "--org", world.org, "--subject", "sky-llama", "--ttl", "2h")
+    assert made.returncode == 0, made.stderr
+    token_id = made.stderr.split()[1]
+    info = {"cluster_name": "sky-llama", "cloud": "GCP", "region": "us-central1", "zone": None}
+    vm = {"O41_ARTIFACTS_TOKEN": made.stdout.strip(), "SKYPILOT_CLUSTER_INFO": json.dumps(info)}
+    path = world.tmp / "vm-model"
+    path.write_bytes(b"from a VM")
+    args = ("--org", world.org, "--artifact", "vm-model")
+    done = world.o41("write", *args, str(path), "--json", token=None, env=vm)
+    assert done.returncode == 0, done.stderr
+    written = json.loads(done.stdout)
+    assert (written["location"], written["rule"]) == (world.central, "region")
+    back = world.tmp / "vm-back"
+    read = ("--version", written["version"], "--output", str(back))
+    done = world.o41("read", *args, *read, "--json", token=None, env=vm)
+    assert done.returncode == 0, done.stderr
+    assert back.read_bytes() == b"from a VM"
+
+    listed = token("list")
+    assert token_id in listed.stdout and "sky-llama" in listed.stdout, listed.stderr
+    revoked = token("revoke", token_id)
+    assert revoked.returncode == 0, revoked.stderr
+
+    def refused_now() -> subprocess.CompletedProcess[str] | None:
+        done = world.o41("versions", *args, token=None, env=vm)
+        return done if done.returncode else None
+
+    refused = wait_for(refused_now, 30, "the service to refuse the revoked token")
+    assert "was revoked" in refused.stderr and "Traceback" not in refused.stderr
+    assert token("revoke", token_id).returncode == 1  # gone already: said, not a traceback

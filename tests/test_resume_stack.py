@@ -26,9 +26,9 @@ import pytest
 from aiohttp import web
 
 from o41.core.parts import PART_SIZE
-from test_placement import World, world  # noqa: F401 - the module's fixture
 
 from fixtures.placement import BreakableEndpoint
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -82,7 +82,7 @@ def until(condition: Any, seconds: float, what: str) -> None:
 
 
 def test_a_killed_100_mib_write_resumes_without_sending_its_parts_again(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     w = world
     proxy = CountingEndpoint(w.s3.endpoint)

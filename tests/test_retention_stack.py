@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from test_placement import World, world  # noqa: F401 - the module's fixture
-
+from fixtures.world import World
 from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
@@ -22,7 +21,7 @@ def listed(w: World, artifact: str) -> list[str]:
 
 
 def test_a_rule_on_the_organization_deletes_old_versions_but_not_tagged_ones(
-    world: World,  # noqa: F811
+    world: World,
 ) -> None:
     w = world
     with pytest.raises(RuntimeError, match="keepVersions"):  # the CRD's schema refuses it

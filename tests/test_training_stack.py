@@ -41,7 +41,8 @@ import yaml
 from o41.artifacts import Client, NotFound
 from o41.core.places import Place
 from o41.testbed.stores import S3Store
-from test_placement import World, world  # noqa: F401 - the module's fixture
+
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -164,7 +165,7 @@ def pods() -> Iterator[list[Pod]]:
 
 
 def test_the_jobs_training_loop_killed_mid_run_resumes_from_the_newest_checkpoint(
-    world: World,  # noqa: F811
+    world: World,
     s3: S3Store,
     pods: list[Pod],
 ) -> None:

@@ -13,7 +13,8 @@ import pytest
 from o41.artifacts import Client, Conflict, Forbidden
 from o41.core.places import Place
 from o41.core.versions import encode_cursor
-from test_placement import World, world  # noqa: F401 - the module's fixture
+
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -22,7 +23,7 @@ def sdk(w: World, token: Path) -> Client:
     return Client(w.service.url, str(token), place=Place("aws", "us-east-1", "env"), timeout=60)
 
 
-def test_versions_latest_and_tags_through_the_command(world: World) -> None:  # noqa: F811
+def test_versions_latest_and_tags_through_the_command(world: World) -> None:
     w = world
     art = ["--org", w.org, "--artifact", "run"]
     versions = []
@@ -85,7 +86,7 @@ def test_versions_latest_and_tags_through_the_command(world: World) -> None:  # 
     assert (status, body["version"]) == (200, versions[0])
 
 
-def test_the_sdk_streams_from_the_bucket_and_tags_race_on_etcd(world: World) -> None:  # noqa: F811
+def test_the_sdk_streams_from_the_bucket_and_tags_race_on_etcd(world: World) -> None:
     w = world
     client = sdk(w, w.team_a)
     data = os.urandom(5 * 1024 * 1024 + 3)

@@ -228,8 +228,11 @@ class Client:
         token_file: str | None = None,
         place: Place | None = None,
         timeout: float = 60.0,
+        ca_file: str | None = None,
     ) -> None:
-        self._api = Artifacts(endpoint, token_file, place=place, timeout=timeout)
+        """``ca_file``: the CA bundle of an ``https://`` service of a private CA (default
+        ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
+        self._api = Artifacts(endpoint, token_file, place=place, timeout=timeout, ca_file=ca_file)
 
     @property
     def place(self) -> Place:

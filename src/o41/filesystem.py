@@ -86,12 +86,13 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
         token_file: str | None = None,
         place: Place | Mapping[str, Any] | None = None,
         timeout: float = 60.0,
+        ca_file: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if isinstance(place, Mapping):
             place = Place(place.get("cloud"), place.get("region"), place.get("source", "none"))
-        self.api = Artifacts(endpoint, token_file, place=place, timeout=timeout)
+        self.api = Artifacts(endpoint, token_file, place=place, timeout=timeout, ca_file=ca_file)
         self._manifests: OrderedDict[tuple[str, str, str], list[FileEntry]] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -52,7 +52,8 @@ from o41.client.transfers import (
 )
 
 # the endpoint and token a pod's clients use, defined once (the collections' client too)
-from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN_FILE, SA_TOKEN
+from o41.collections.tls import CaFileError, ca_file_of, service_context, untrusted
+from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, part_size_for
 from o41.core.places import Place
 
@@ -108,7 +109,10 @@ class Artifacts:
         token_file: str | None = None,
         place: Place | None = None,
         timeout: float = 60.0,
+        ca_file: str | None = None,
     ) -> None:
+        """``ca_file``: the CA bundle that checks an ``https://`` service (default
+        ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
         endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
         if not endpoint:
             raise ArtifactError(
@@ -116,8 +120,11 @@ class Artifacts:
             )
         self.endpoint = endpoint.rstrip("/")
         self.token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
+        # $O41_ARTIFACTS_TOKEN (a VM's service token) unless a file is named here
+        self._given_token = None if token_file else os.environ.get(ENV_TOKEN, "").strip() or None
         self._place = place
         self.timeout = timeout
+        self.ca_file = ca_file_of(ca_file)
 
     @property
     def place(self) -> Place:
@@ -128,13 +135,21 @@ class Artifacts:
         return self._place
 
     def _token(self) -> str | None:
+        if self._given_token is not None:
+            return self._given_token
         try:  # read each time: projected tokens rotate
             return Path(self.token_file).read_text().strip() or None
         except OSError:
             return None
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        conn, target = connection(self.endpoint + path, self.timeout)
+        context = None
+        if self.endpoint.startswith("https:"):
+            try:
+                context = service_context(self.ca_file)
+            except CaFileError as e:
+                raise ArtifactError(str(e)) from None
+        conn, target = connection(self.endpoint + path, self.timeout, context)
         headers = {"Accept": "application/json"}
         token = self._token()
         if token:
@@ -148,6 +163,9 @@ class Artifacts:
             resp = conn.getresponse()
             raw = resp.read()
         except OSError as e:
+            refused = untrusted(e, self.endpoint, self.ca_file)
+            if refused is not None:
+                raise TransportError(refused) from None
             raise TransportError(
                 f"the placement service at {self.endpoint} did not answer: {e}; check "
                 f"{ENV_ENDPOINT} and that the service runs, then retry"

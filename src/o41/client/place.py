@@ -305,12 +305,14 @@ class _Exchange:
 
         left = self._left()
         if self.conn is None:
-            cls = (
-                http.client.HTTPSConnection
-                if self.scheme == "https"
-                else http.client.HTTPConnection
-            )
-            self.conn = cls(self.host, self.port, timeout=left)
+            if self.scheme == "https":
+                from o41.collections.tls import system_context
+
+                self.conn = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=left, context=system_context()
+                )
+            else:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=left)
         self.conn.timeout = left
         if self.conn.sock is not None:
             self.conn.sock.settimeout(left)

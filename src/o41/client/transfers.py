@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from o41.client.errors import ArtifactError, Damaged, UploadFailed
+from o41.collections.tls import system_context
 from o41.core.parts import crc32_b64, part_count
 
 try:  # zlib-ng's CRC32 costs 0.015 CPU seconds a GiB, the standard library's 0.21
@@ -39,12 +41,28 @@ RESIGN_MARGIN = 300.0
 RESIGN_BATCH = 64
 
 
-def connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+def connection(
+    url: str, timeout: float, context: ssl.SSLContext | None = None
+) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to ``url``'s host and the request target. ``https``: checked with
+    ``context`` (the placement service's, ``o41.collections.tls.service_context``), by
+    default the system's roots (the buckets' pre-signed URLs)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ArtifactError(f"not an http(s) URL: {url[:80]!r}")
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname, parts.port, timeout=timeout, blocksize=BLOCK)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            parts.hostname,
+            parts.port,
+            timeout=timeout,
+            blocksize=BLOCK,
+            context=context or system_context(),
+        )
+    else:
+        conn = http.client.HTTPConnection(
+            parts.hostname, parts.port, timeout=timeout, blocksize=BLOCK
+        )
     return conn, target(parts)
 
 

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -24,11 +25,14 @@ import urllib.parse
 from typing import Any, Protocol
 
 from o41.collections import values, wire
+from o41.collections.tls import CaFileError, ca_file_of, service_context, untrusted
 
 _log = logging.getLogger(__name__)
 
 ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
 ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
+# the token itself (a VM's service token, passed as a secret env var), before any file
+ENV_TOKEN = "O41_ARTIFACTS_TOKEN"  # noqa: S105 - a variable name
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 MAX_WAIT = 25.0  # seconds one waiting request may last; longer waits are several requests
 HTTP_TIMEOUT = MAX_WAIT + 35.0
@@ -157,13 +161,18 @@ class _Connection:
     few lines do (chunked answers from a proxy are read too).
     """
 
-    def __init__(self, host: str, port: int, https: bool, timeout: float) -> None:
+    def __init__(
+        self, host: str, port: int, context: ssl.SSLContext | None, timeout: float
+    ) -> None:
+        """``context``: TLS with it (``o41.collections.tls.service_context``); None: plain."""
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if https:
-            import ssl
-
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        if context is not None:
+            try:
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
         self.sock = sock
         self.reader = sock.makefile("rb")
         self.used_at = time.monotonic()
@@ -307,7 +316,8 @@ class HttpTransport:
     token (``token``, or read from ``token_file``: by default ``$O41_ARTIFACTS_TOKEN_FILE``
     or the mounted ServiceAccount token). One connection per thread, kept alive, upgraded
     to a WebSocket (``websocket=True``, unless the service or a proxy on the way refuses:
-    then one POST per operation)."""
+    then one POST per operation). An ``https://`` service is checked with ``ca_file``
+    (default ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
 
     def __init__(
         self,
@@ -317,6 +327,7 @@ class HttpTransport:
         token_file: str | None = None,
         timeout: float = HTTP_TIMEOUT,
         websocket: bool = True,
+        ca_file: str | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -327,7 +338,8 @@ class HttpTransport:
         self._base = parts.path.rstrip("/")
         self._hostport = parts.netloc.rpartition("@")[2]
         self._timeout = timeout
-        self._token = token
+        self._ca_file = ca_file_of(ca_file)  # an https service's CA bundle; None: system's
+        self._token = token if token or token_file else os.environ.get(ENV_TOKEN) or None
         self._token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
         self._token_read = (0.0, "")
         self._local = threading.local()
@@ -370,17 +382,16 @@ class HttpTransport:
 
     def _open(self) -> _Connection:
         try:
-            return _Connection(self._host, self._port, self._https, self._timeout)
+            context = service_context(self._ca_file) if self._https else None
+            return _Connection(self._host, self._port, context, self._timeout)
+        except CaFileError as e:
+            raise Unavailable(str(e)) from None
         except OSError as e:
-            hint = ""
-            if getattr(e, "verify_message", None):  # ssl.SSLCertVerificationError
-                hint = (
-                    "; if the service's certificate comes from a private CA, point "
-                    "SSL_CERT_FILE at a CA bundle that holds it, with the system's CAs "
-                    "(the buckets' certificates need those)"
-                )
+            refused = untrusted(e, f"https://{self._hostport}", self._ca_file)
+            if refused is not None:
+                raise Unavailable(refused) from None
             raise Unavailable(
-                f"cannot reach the collections service at {self._hostport}: {e}{hint}"
+                f"cannot reach the collections service at {self._hostport}: {e}"
             ) from None
 
     def _upgraded(self, conn: _Connection) -> bool:

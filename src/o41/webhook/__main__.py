@@ -1,6 +1,8 @@
 """``python -m o41.webhook``: serve the placement service.
 
-Listens on 127.0.0.1 unless told otherwise; the chart passes ``--host 0.0.0.0``.
+Listens on 127.0.0.1 unless told otherwise; the chart passes ``--host 0.0.0.0``. HTTPS on
+``--port`` when O41_TLS_CERT_FILE and O41_TLS_KEY_FILE are set (renewed files are taken
+without a restart); ``--metrics-port`` stays plain HTTP.
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         "least 10; a commit of a covered artifact starts a pass of its own)",
     )
     parser.add_argument(
+        "--usage-page",
+        choices=["on", "off"],
+        default="on",
+        help="serve the /usage page (a token form) on --port; off where the port is exposed "
+        "outside the cluster (/v1/usage answers either way)",
+    )
+    parser.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=os.environ.get("O41_LOG_FORMAT") or "text",
@@ -69,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from o41.state import store_settings
     from o41.webhook.app import Settings, make_app
+    from o41.webhook.http.tls import Reloading, ServingTls
 
     if args.usage_hourly_days < 2:
         parser.error("--usage-hourly-days must be at least 2 (the usage page's 24 h window)")
@@ -78,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--retention-interval must be at least 10 seconds")
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
+        serving = ServingTls.from_environment(os.environ)
     except ValueError as e:
         parser.error(str(e))
     settings = Settings(
@@ -90,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         usage_hourly_days=args.usage_hourly_days,
         usage_daily_days=args.usage_daily_days,
         retention_interval=args.retention_interval,
+        tls=serving,
+        usage_page=args.usage_page == "on",
     )
     web.run_app(
         make_app(settings),
         host=args.host,
         port=args.port,
+        ssl_context=Reloading(serving).base if serving else None,
         access_log=None,  # o41.webhook.http.request_ids writes one line per request
         print=logging.getLogger("o41.webhook").info,  # "Running on ...", as a log line
     )

@@ -8,6 +8,7 @@ from typing import Literal
 from aiohttp import web
 
 from o41.state import EtcdTls
+from o41.webhook.http.tls import ServingTls
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class Settings:
     store_timeout: float = 5.0
     metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
     retention_interval: float = 600.0  # seconds between passes over every covered artifact
+    tls: ServingTls | None = None  # HTTPS on the service's port (the metrics port stays HTTP)
+    # the /usage page (a token form and a cookie): off where the port is exposed outside the
+    # cluster (the chart's placement.usagePage.exposed); /v1/usage answers either way
+    usage_page: bool = True
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")

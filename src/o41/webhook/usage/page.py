@@ -65,14 +65,16 @@ REVIEWER: web.AppKey[auth.TokenReviewer] = web.AppKey("usage_reviewer")
 routes = web.RouteTableDef()
 
 
-def setup(app: web.Application, reviewer: auth.TokenReviewer) -> None:
+def setup(app: web.Application, reviewer: auth.TokenReviewer, *, page: bool = True) -> None:
     """Register the routes; the page checks tokens with the app's own ``reviewer``.
+    ``page=False``: only ``/v1/usage`` (a port exposed outside the cluster serves no
+    sign-in form; docs/chart.md, "Reaching the service from outside").
 
     Reads the price table now, so a broken ``O41_PRICES_FILE`` stops the service at start.
     """
     app[PRICES] = load_prices()
     app[REVIEWER] = reviewer
-    app.add_routes(routes)
+    app.add_routes(r for r in routes if page or getattr(r, "path", "") != "/usage")
 
 
 # --- the answers ----------------------------------------------------------------------

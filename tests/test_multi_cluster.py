@@ -1,0 +1,130 @@
+"""Two clusters, one service (issue 31, point 5 without the real node): cluster A is the
+session's control plane, with the operator and the placement service (the hub); cluster B
+is a second control plane (its own etcd, API server, issuer and signing key) whose
+TokenRequest mints the pods' tokens, audience ``o41``, bound to a pod object of B.
+
+The operator of A fetches B's keys by OIDC discovery from B's API server (its CA as the
+TrustDomain's caBundle), the service verifies B's tokens offline with them, and the
+``o41`` CLI runs as the pods of both clusters run it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from o41.testbed.kube import SELF, ControlPlane, bin_dir
+
+from fixtures.world import API, World
+from support import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
+
+DOMAIN = "cluster-b"
+
+
+@pytest.fixture(scope="module")
+def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp("cluster-b"), bin_dir(), issuer=SELF).start()
+    try:
+        plane.allow_public_issuer_discovery()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(world: World, cluster_b: ControlPlane) -> World:
+    """A's organization admits team-a of B too; A trusts B's issuer."""
+    world.apply(
+        {
+            "apiVersion": API,
+            "kind": "TrustDomain",
+            "metadata": {"name": DOMAIN},
+            "spec": {
+                "issuer": cluster_b.service_account_issuer,
+                "caBundle": cluster_b.ca_cert.read_text(),
+            },
+        }
+    )
+    world.kube.kubectl("wait", "--for=condition=Ready", f"trustdomain/{DOMAIN}", "--timeout=60s")
+    world.organization(["team-a"], members=[{"trustDomain": DOMAIN, "namespaces": ["team-a"]}])
+    return world
+
+
+def pod_token(plane: ControlPlane, tmp: Path, namespace: str, audience: str | None = "o41") -> Path:
+    """A token of B as a pod of B holds it: TokenRequest for the namespace's default
+    ServiceAccount, bound to a pod object of B, with the audience asked."""
+    plane.kubectl("create", "namespace", namespace, check=False)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer-0", "namespace": namespace},
+        "spec": {"containers": [{"name": "train", "image": "train:1"}]},
+    }
+    plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    args = ["--bound-object-kind", "Pod", "--bound-object-name", "trainer-0", "--duration", "1h"]
+    if audience is not None:
+        args += ["--audience", audience]
+    token = wait_token(plane, namespace, args)
+    path = tmp / f"b-{namespace}-{audience}"
+    path.write_text(token)
+    return path
+
+
+def wait_token(plane: ControlPlane, namespace: str, args: list[str]) -> str:
+    def minted() -> str | None:
+        out = plane.kubectl("-n", namespace, "create", "token", "default", *args, check=False)
+        return out.strip() if out.count(".") == 2 else None
+
+    return wait_for(minted, 60, f"a token of {namespace}/default in cluster B")
+
+
+def test_a_pod_of_b_writes_in_gcp_and_a_pod_of_a_reads_it_cross_cloud(
+    hub: World, cluster_b: ControlPlane
+) -> None:
+    b_token = pod_token(cluster_b, hub.tmp, "team-a")
+    written = hub.write(b"written in cluster B", b_token, ("gcp", "us-central1"), "from-b")
+    assert (written["location"], written["rule"]) == (hub.central, "region")
+
+    read, data = hub.read(written["version"], hub.team_a, ("aws", "us-east-1"), "from-b")
+    assert (read["location"], read["locality"], data) == (
+        hub.central,
+        "cross-cloud",
+        b"written in cluster B",
+    )
+    records = hub.usage(hub.team_a)
+    assert {("write", "gcp"), ("read", "aws")} <= {
+        (r["kind"], r["dims"].get("cloud")) for r in records
+    }
+
+
+def test_team_a_of_a_and_team_a_of_b_have_disjoint_collections(
+    hub: World, cluster_b: ControlPlane
+) -> None:
+    b_token = pod_token(cluster_b, hub.tmp, "team-a")
+    counter = "/v1/collections/job/counter/steps"
+    status, _ = hub.api("POST", f"{counter}/add", {"n": 5}, token=hub.team_a)
+    assert status == 200
+    status, answer = hub.api("POST", f"{counter}/get", {}, token=b_token)
+    assert (status, answer.get("value")) == (200, 0), answer
+    status, answer = hub.api("POST", f"{counter}/add", {"n": 2}, token=b_token)
+    assert status == 200, answer
+    status, answer = hub.api("POST", f"{counter}/get", {}, token=hub.team_a)
+    assert (status, answer.get("value")) == (200, 5), answer
+
+
+def test_tokens_of_b_the_hub_must_refuse(hub: World, cluster_b: ControlPlane) -> None:
+    listing = f"/v1/organizations/{hub.org}/artifacts"
+    # the API server's own audience (the default token): a credential to B, never taken
+    status, answer = hub.api("GET", listing, token=pod_token(cluster_b, hub.tmp, "team-a", None))
+    assert (status, answer["reason"], answer["trustDomain"]) == (401, "ApiServerAudience", DOMAIN)
+    status, answer = hub.api("GET", listing, token=pod_token(cluster_b, hub.tmp, "team-a", "vault"))
+    assert (status, answer["reason"]) == (401, "WrongAudience"), answer
+    # a namespace of B that the organization does not list
+    status, answer = hub.api("GET", listing, token=pod_token(cluster_b, hub.tmp, "research"))
+    assert status == 403
+    assert f"of trust domain '{DOMAIN}'" in answer["error"] and "spec.members" in answer["error"]
