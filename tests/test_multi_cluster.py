@@ -11,10 +11,13 @@ TrustDomain's caBundle), the service verifies B's tokens offline with them, and 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from o41.testbed.kube import SELF, ControlPlane, bin_dir
 
@@ -128,3 +131,44 @@ def test_tokens_of_b_the_hub_must_refuse(hub: World, cluster_b: ControlPlane) ->
     status, answer = hub.api("GET", listing, token=pod_token(cluster_b, hub.tmp, "research"))
     assert status == 403
     assert f"of trust domain '{DOMAIN}'" in answer["error"] and "spec.members" in answer["error"]
+
+
+def o41(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "o41.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cluster_add_writes_the_trust_domain_from_the_workload_kubeconfig(
+    hub: World, cluster_b: ControlPlane
+) -> None:
+    source = ("--from-kubeconfig", str(cluster_b.kubeconfig))
+    planned = o41("cluster", "add", DOMAIN, *source, "--dry-run")
+    assert planned.returncode == 0, planned.stderr
+    # B's issuer is its API server, which serves discovery to anyone: discovery, its CA
+    assert yaml.safe_load(planned.stdout)["spec"] == {
+        "issuer": cluster_b.service_account_issuer,
+        "caBundle": cluster_b.ca_cert.read_text(),
+    }
+    applied = o41("cluster", "add", DOMAIN, *source, "--kubeconfig", str(hub.kube.kubeconfig))
+    assert applied.stdout.strip() == f"trustdomain/{DOMAIN} updated", applied.stderr
+    assert "keys by OIDC discovery" in applied.stderr
+    hub.kube.kubectl("wait", "--for=condition=Ready", f"trustdomain/{DOMAIN}", "--timeout=60s")
+
+    cluster_b.deny_public_issuer_discovery()
+    try:  # discovery closed to anonymous callers: the keys inline, and how to open it
+        planned = o41("cluster", "add", DOMAIN, *source, "--dry-run")
+    finally:
+        cluster_b.allow_public_issuer_discovery()
+    keys = yaml.safe_load(planned.stdout)["spec"]["keys"]["jwks"]
+    assert json.loads(keys) == json.loads(cluster_b.kubectl("get", "--raw", "/openid/v1/jwks"))
+    assert "keys inline" in planned.stderr and "clusterrolebinding" in planned.stderr
+
+    again = o41("cluster", "add", "again", *source, "--kubeconfig", str(hub.kube.kubeconfig))
+    assert again.returncode == 1
+    assert "the hub refused TrustDomain again" in again.stderr and DOMAIN in again.stderr
+    assert "Traceback" not in again.stderr

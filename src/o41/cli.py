@@ -387,6 +387,30 @@ def _token_action(args: argparse.Namespace, admin: Any, ttl: int) -> int:
     return 0
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    """``cluster add``: a workload cluster's TrustDomain, from its kubeconfig."""
+    import yaml
+
+    from o41.clusters import ClusterError, advice, apply, read_workload, trust_domain
+
+    try:
+        workload = read_workload(args.from_kubeconfig, args.from_context)
+        obj = trust_domain(args.name, workload, inline=args.inline_keys)
+        if args.dry_run:
+            print(yaml.safe_dump(obj, sort_keys=False), end="")
+        else:
+            done = apply(obj, args.kubeconfig, args.context)
+            print(f"trustdomain/{args.name} {done}")
+    except ClusterError as e:
+        print(f"{args.prog_name}: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # the spec the models refuse (a name, an issuer)
+        print(f"{args.prog_name}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(advice(args.name, workload, obj), file=sys.stderr)
+    return 0
+
+
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint", help="placement service URL (default: $O41_ARTIFACTS_ENDPOINT)"
@@ -551,6 +575,24 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="one JSON array")
     revoke = actions.add_parser("revoke", help="refuse a token from now on")
     revoke.add_argument("id", metavar="ID", help="the token's id (token list)")
+    cluster = sub.add_parser(
+        "cluster",
+        help="trust a workload cluster's tokens (a TrustDomain from its kubeconfig)",
+        description="Read a workload cluster's issuer and keys with its kubeconfig and "
+        "write the TrustDomain to the hub (the kubeconfig of kubectl, or --kubeconfig): OIDC "
+        "discovery when its issuer serves it without credentials, else its keys inline "
+        "(docs/multi-cluster.md).",
+    )
+    cluster_actions = cluster.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    add = cluster_actions.add_parser("add", help="write the TrustDomain NAME")
+    add.add_argument("name", metavar="NAME", help="the TrustDomain's name (a DNS label)")
+    add.add_argument("--from-kubeconfig", required=True, help="the workload cluster's kubeconfig")
+    add.add_argument("--from-context", help="its context (default: its current)")
+    add.add_argument("--inline-keys", action="store_true", help="put the keys in the spec")
+    add.add_argument("--dry-run", action="store_true", help="print the TrustDomain, apply nothing")
+    add.add_argument("--kubeconfig", help="the hub's kubeconfig (default: kubectl's)")
+    add.add_argument("--context", help="the hub's context")
+    add.set_defaults(handler=_cluster, prog_name=add.prog)
     for action in (create, listing, revoke):
         action.add_argument("--namespace", default="o41-system", help="the chart's namespace")
         action.add_argument("--kubeconfig", help="the kubeconfig (default: kubectl's)")
