@@ -22,7 +22,6 @@ import yaml
 from o41.testbed.kube import SELF, ControlPlane, bin_dir
 
 from fixtures.world import API, World
-from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -59,31 +58,9 @@ def hub(world: World, cluster_b: ControlPlane) -> World:
 
 
 def pod_token(plane: ControlPlane, tmp: Path, namespace: str, audience: str | None = "o41") -> Path:
-    """A token of B as a pod of B holds it: TokenRequest for the namespace's default
-    ServiceAccount, bound to a pod object of B, with the audience asked."""
-    plane.kubectl("create", "namespace", namespace, check=False)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "trainer-0", "namespace": namespace},
-        "spec": {"containers": [{"name": "train", "image": "train:1"}]},
-    }
-    plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    args = ["--bound-object-kind", "Pod", "--bound-object-name", "trainer-0", "--duration", "1h"]
-    if audience is not None:
-        args += ["--audience", audience]
-    token = wait_token(plane, namespace, args)
     path = tmp / f"b-{namespace}-{audience}"
-    path.write_text(token)
+    path.write_text(plane.pod_token(namespace, audience))
     return path
-
-
-def wait_token(plane: ControlPlane, namespace: str, args: list[str]) -> str:
-    def minted() -> str | None:
-        out = plane.kubectl("-n", namespace, "create", "token", "default", *args, check=False)
-        return out.strip() if out.count(".") == 2 else None
-
-    return wait_for(minted, 60, f"a token of {namespace}/default in cluster B")
 
 
 def test_a_pod_of_b_writes_in_gcp_and_a_pod_of_a_reads_it_cross_cloud(

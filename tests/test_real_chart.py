@@ -13,10 +13,15 @@ so their client never looks at DMI or a metadata address.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import ssl
 import subprocess
+import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +33,7 @@ import yaml
 from o41.client.artifacts import ArtifactError, Artifacts
 from o41.core.places import Place
 from o41.location_record import record_name
-from o41.testbed.kube import kubectl, service_account_token
+from o41.testbed.kube import SELF, ControlPlane, bin_dir, kubectl, service_account_token
 from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
 from o41.testbed.stores import S3Store, start_moto
 from test_chart import CHART, REPO, helm
@@ -553,3 +558,237 @@ def test_helm_uninstall_keeps_the_crds_and_organizations_and_nothing_else(
         "get", "clusterroles,clusterrolebindings,validatingwebhookconfigurations", "-o", "name"
     )
     assert FULLNAME not in cluster_wide
+
+
+# --- the hub: other clusters and VMs through an exposed TLS endpoint (issue 31) ------------
+
+HUB_PORT = 30443  # the placement Service's node port on the real node
+
+
+@pytest.fixture
+def cluster_b(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A second cluster (its own API server, issuer and signing key) on loopback: its
+    TokenRequest mints its pods' tokens; no pod of the hub can reach it."""
+    plane = ControlPlane(tmp_path / "cluster-b", bin_dir(), nodes=0, issuer=SELF).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@contextlib.contextmanager
+def exposed(installed: Installed) -> Iterator[Path]:
+    """The release upgraded as a hub (TLS on the service, a NodePort on the node; the
+    chart's CA); its CA bundle's path. Back to the default values after."""
+    kc, values = installed.kubeconfig, str(installed.directory / "values.yaml")
+    hub = {
+        "placement.tls.enabled": "true",
+        "placement.service.type": "NodePort",
+        "placement.service.nodePort": str(HUB_PORT),
+        "placement.externalURL": f"https://{GATEWAY}:{HUB_PORT}",
+    }
+    sets = [a for k, v in hub.items() for a in ("--set", f"{k}={v}")]
+    upgrade = ("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", values)
+    done = helm_run(kc, *upgrade, *sets, "--wait", "--timeout", "5m")
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr + installed.diagnose()
+        ca = installed.kubectl(
+            "get",
+            "configmap",
+            f"{FULLNAME}-placement-ca",
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        )
+        path = installed.directory / "hub-ca.crt"
+        path.write_text(ca)
+        yield path
+    finally:
+        back = helm_run(kc, *upgrade, "--wait", "--timeout", "5m")
+        assert back.returncode == 0, back.stdout + back.stderr
+
+
+def gcp_location_on_the_stand_in(s3: S3Store) -> dict[str, Any]:
+    """A GCP location (GCS through its S3-compatible API), its bucket on the stand-in."""
+    _, location = location_on_the_stand_in(s3)
+    location["metadata"]["name"] = "gcp-europe-west4"
+    location["spec"].update(
+        cloud="gcp",
+        region="europe-west4",
+        backend={"s3Compatible": {"endpoint": s3.endpoint, "signingRegion": "us-east-1"}},
+    )
+    return location
+
+
+def o41_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a process of another cluster or a VM runs it: no metadata address, no
+    DMI; its place and token from ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("O41_", "SKYPILOT_"))}
+    closed = "http://127.0.0.1:9"  # nothing listens there
+    base.update(
+        O41_ARTIFACTS_DMI_DIR="/nonexistent",
+        O41_ARTIFACTS_AWS_METADATA_URL=closed,
+        O41_ARTIFACTS_GCP_METADATA_URL=closed,
+        O41_ARTIFACTS_AZURE_METADATA_URL=closed,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "o41.cli", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_hub_over_tls_on_a_node_port_serves_another_cluster_and_a_vm(
+    installed: Installed, example_location: str, cluster_b: ControlPlane
+) -> None:
+    gcp = gcp_location_on_the_stand_in(installed.s3)
+    installed.kubectl("apply", "-f", "-", input=json.dumps(gcp))
+    installed.kubectl(
+        "wait", "--for=condition=Ready", "location/gcp-europe-west4", "--timeout=180s"
+    )
+    with exposed(installed) as ca:
+        endpoint = f"https://{GATEWAY}:{HUB_PORT}"
+        hub = {"O41_ARTIFACTS_ENDPOINT": endpoint, "O41_ARTIFACTS_CA_FILE": str(ca)}
+        # B's keys inline: the hub's pods cannot reach B's API server (this machine's loopback)
+        added = o41_cli(
+            "cluster",
+            "add",
+            "cluster-b",
+            "--from-kubeconfig",
+            str(cluster_b.kubeconfig),
+            "--inline-keys",
+            "--kubeconfig",
+            str(installed.kubeconfig),
+        )
+        assert added.returncode == 0, added.stderr
+        installed.kubectl(
+            "wait", "--for=condition=Ready", "trustdomain/cluster-b", "--timeout=120s"
+        )
+        member = {"trustDomain": "cluster-b", "namespaces": ["ml-training"]}
+        installed.kubectl(
+            "patch",
+            "organization",
+            "ml",
+            "--type",
+            "merge",
+            "-p",
+            json.dumps({"spec": {"members": [member]}}),
+        )
+        data = installed.directory / "from-b"
+        data.write_bytes(os.urandom(100_000))
+        b_pod = {
+            "O41_ARTIFACTS_TOKEN": cluster_b.pod_token("ml-training"),
+            "O41_ARTIFACTS_CLOUD": "gcp",
+            "O41_ARTIFACTS_REGION": "europe-west4",
+        }
+
+        def written() -> subprocess.CompletedProcess[str] | None:
+            # the TrustDomain's keys reach every placement replica through its watch
+            done = o41_cli(
+                "write",
+                "--org",
+                "ml",
+                "--artifact",
+                "from-b",
+                str(data),
+                "--json",
+                env={**hub, **b_pod},
+            )
+            return done if done.returncode == 0 else None
+
+        wrote = json.loads(wait_for(written, 60, "a write of cluster B's pod").stdout)
+        assert (wrote["location"], wrote["rule"]) == ("gcp-europe-west4", "region")
+
+        a_token = service_account_token(installed.kubeconfig, "ml-training", duration="1h")
+        a_pod = {
+            "O41_ARTIFACTS_TOKEN": a_token,
+            "O41_ARTIFACTS_CLOUD": "aws",
+            "O41_ARTIFACTS_REGION": "us-east-1",
+        }
+        back = installed.directory / "back"
+        read = o41_cli(
+            "read",
+            "--org",
+            "ml",
+            "--artifact",
+            "from-b",
+            "--version",
+            wrote["version"],
+            "--output",
+            str(back),
+            "--json",
+            env={**hub, **a_pod},
+        )
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout)["locality"] == "cross-cloud"
+        assert back.read_bytes() == data.read_bytes()
+
+        # ml-training of the hub's cluster and of B: two tenants
+        counter = f"{endpoint}/v1/collections/job/counter/steps"
+        assert post(counter + "/add", {"n": 3}, a_token, ca)["value"] == 3
+        assert post(counter + "/add", {"n": 1}, b_pod["O41_ARTIFACTS_TOKEN"], ca)["value"] == 1
+
+        # a SkyPilot VM, with a service token
+        made = o41_cli(
+            "token",
+            "create",
+            "--org",
+            "ml",
+            "--subject",
+            "sky-job",
+            "--namespace",
+            NAMESPACE,
+            "--kubeconfig",
+            str(installed.kubeconfig),
+        )
+        assert made.returncode == 0, made.stderr
+        sky = {"cluster_name": "sky-job", "cloud": "AWS", "region": "us-east-1", "zone": None}
+        vm = {"O41_ARTIFACTS_TOKEN": made.stdout.strip(), "SKYPILOT_CLUSTER_INFO": json.dumps(sky)}
+
+        def vm_wrote() -> subprocess.CompletedProcess[str] | None:
+            # its record reaches every replica through its watch
+            done = o41_cli(
+                "write",
+                "--org",
+                "ml",
+                "--artifact",
+                "from-vm",
+                str(data),
+                "--json",
+                env={**hub, **vm},
+            )
+            return done if done.returncode == 0 else None
+
+        vm_write = json.loads(wait_for(vm_wrote, 60, "a write of the VM").stdout)
+        assert (vm_write["location"], vm_write["rule"]) == (example_location, "region")
+
+        # outside, nothing answers without a token but health and the API's description
+        assert get(f"{endpoint}/openapi.json", ca) == 200
+        assert get(f"{endpoint}/usage", ca) == 404
+        assert get(f"{endpoint}/metrics", ca) == 404
+
+
+def post(url: str, body: dict[str, Any], token: str, ca: Path) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    context = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(request, context=context, timeout=30) as r:
+        answer: dict[str, Any] = json.load(r)
+        return answer
+
+
+def get(url: str, ca: Path) -> int:
+    context = ssl.create_default_context(cafile=str(ca))
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code

@@ -196,6 +196,29 @@ class ControlPlane:
     def _api_server(self) -> Server:
         return next(s for s in self.servers if s.name == "kube-apiserver")
 
+    def pod_token(
+        self, namespace: str, audience: str | None = "o41", pod: str = "trainer-0"
+    ) -> str:
+        """A token as a pod of this cluster holds it (issue 31's cluster B): TokenRequest
+        for the namespace's default ServiceAccount, bound to a pod object (made here; it
+        need not run), with ``audience`` (None: the API server's own)."""
+        self.kubectl("create", "namespace", namespace, check=False)
+        spec = {"containers": [{"name": "main", "image": "main:1"}]}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod}, "spec": spec}
+        self.kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(body))
+        args = ["--bound-object-kind", "Pod", "--bound-object-name", pod, "--duration", "1h"]
+        if audience is not None:
+            args += ["--audience", audience]
+
+        def minted() -> bool:  # the default ServiceAccount comes a moment after the namespace
+            out = self.kubectl("-n", namespace, "create", "token", "default", *args, check=False)
+            found.append(out.strip())
+            return out.count(".") == 2
+
+        found: list[str] = []
+        wait_until(minted, timeout=60, what=f"a token of {namespace}/default")
+        return found[-1]
+
     def forget(self, resource: str, name: str) -> None:
         """Remove a cluster-scoped object of the product's group straight from this control
         plane's etcd, past admission and finalizers: how the test bed clears what the
