@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
+from o41.collections import transport
 from o41.collections.client import (
     Client,
     HttpTransport,
@@ -25,6 +26,7 @@ from o41.collections.client import (
 )
 from o41.state.memory import MemoryStore
 from o41.webhook.collections import websocket as routes
+from o41.webhook.collections.service import RECONNECT
 from o41.webhook.http.errors import problem
 from test_collections_support import ServiceThread
 
@@ -207,6 +209,51 @@ def test_a_rotated_token_is_read_again_and_the_operation_runs_once(
     service.tokens.revoke("token-a")
     assert counter.add(1) == 2  # closed unrun (4000), sent again with the new token: once
     assert counter.get() == 2
+
+
+def test_a_rotated_token_is_handed_over_in_band_and_the_socket_goes_on(
+    service: ServiceThread, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The kubelet renews a projected token before it expires: the client sends the new
+    one on the open WebSocket, which outlives the token it began with."""
+    monkeypatch.setattr(routes, "RECHECK", 0.0)
+    monkeypatch.setattr(transport, "TOKEN_REFRESH", 0.0)  # the file read before each call
+    token_file = tmp_path / "token"
+    token_file.write_text("token-a\n")
+    client = Client(HttpTransport(service.url, token_file=str(token_file)), "job-1")
+    counter = client.counter("c")
+    assert counter.add(1) == 1
+    assert service.app is not None
+    sockets = service.app[routes.COLLECTIONS].sockets
+    (first,) = list(sockets)
+    service.tokens.grant("token-a2", "team-a")
+    token_file.write_text("token-a2\n")
+    service.tokens.revoke("token-a")
+    assert counter.add(1) == 2
+    assert list(sockets) == [first]  # the same socket, now known by the new token
+
+    service.tokens.grant("token-b2", "team-b")  # a token of another namespace: refused
+    token_file.write_text("token-b2\n")
+    with pytest.raises(NotAllowed, match="not accepted as this connection's caller"):
+        counter.add(1)
+    wait_for(lambda: not sockets, 10, "the refused socket closed")
+
+
+def test_a_token_in_band_must_name_the_same_caller(service: ServiceThread) -> None:
+    service.tokens.grant("token-a2", "team-a")
+    got = service.run(
+        exchange(
+            service.url,
+            op(1, op="len"),
+            json.dumps({"id": "auth", "auth": "token-a2"}),
+            json.dumps({"id": "bad", "auth": 5}),
+        )
+    )
+    assert [a["status"] for a in got[:2]] == [200, 200]
+    assert got[2]["status"] == 400 and "auth must be the new token" in got[2]["error"]
+    got = service.run(exchange(service.url, json.dumps({"id": "auth", "auth": "token-b"}), op(2)))
+    assert got[0]["status"] == 401 and "reconnect" in got[0]["error"]
+    assert got[1][:2] == ("closed", RECONNECT)
 
 
 def test_an_idle_socket_is_closed_and_the_client_reconnects(

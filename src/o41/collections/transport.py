@@ -179,6 +179,7 @@ class _Connection:
         self.fresh = True
         self.websocket = False
         self.quiet = False  # the service answers a quiet message only when it refuses it
+        self.token = ""  # the token the service knows this WebSocket by (renewed in band)
         # operations sent without waiting for their answers, which come first (in order)
         self.deferred: list[_Sent] = []
         # quiet operations sent since the last answer, by id: answered only if refused
@@ -358,8 +359,8 @@ class HttpTransport:
             self._token_read = (time.monotonic(), token)
         return token
 
-    def _head(self, method: str, path: str) -> str:
-        token = self._bearer()
+    def _head(self, method: str, path: str, token: str | None = None) -> str:
+        token = self._bearer() if token is None else token
         return f"{method} {self._base}{path} HTTP/1.1\r\nHost: {self._hostport}\r\n" + (
             f"Authorization: Bearer {token}\r\n" if token else ""
         )
@@ -397,8 +398,9 @@ class HttpTransport:
     def _upgraded(self, conn: _Connection) -> bool:
         """Whether the service took the WebSocket; if not because it does not speak it
         here (an older service, a proxy that does not pass WebSockets), POST from now on."""
+        token = self._bearer()
         try:
-            status, body = conn.upgrade(self._head("GET", WS_PATH))
+            status, body = conn.upgrade(self._head("GET", WS_PATH, token))
         except (OSError, ValueError, IndexError) as e:
             conn.close()
             raise Unavailable(
@@ -406,6 +408,7 @@ class HttpTransport:
                 f"({type(e).__name__}: {e})"
             ) from None
         if status == 101:
+            conn.token = token
             return True
         conn.close()
         if status in (401, 403) or status >= 500:
@@ -418,6 +421,7 @@ class HttpTransport:
     ) -> tuple[int, Any, str]:
         """One operation on ``conn``: the status, the result (200) or the error message."""
         if conn.websocket:
+            self._renew(conn)
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
             conn.send(wire.dumps(message))
             self._settle(conn)
@@ -436,6 +440,26 @@ class HttpTransport:
         if status != 200:
             return status, None, _message(status, data)
         return status, json.loads(data), ""
+
+    def _renew(self, conn: _Connection) -> None:
+        """The token file changed (the kubelet rotated it): hand the new token to the
+        service in band, so this WebSocket outlives the token it began with. A service
+        that does not take it (an older one answers 400) gets a new connection instead."""
+        token = self._bearer()
+        if not token or token == conn.token:
+            return
+        self._settle(conn)
+        conn.send(wire.dumps({"id": "auth", "auth": token}))
+        answer = self._answer(conn)
+        status = answer.get("status") if isinstance(answer, dict) else None
+        if status == 200:
+            conn.token = token
+            return
+        if status == 400:  # an older service: a new connection's upgrade carries it
+            raise _Closed(RECONNECT, "the service takes a new token only at the upgrade")
+        self._drop(conn)
+        message = answer.get("error") if isinstance(answer, dict) else None
+        raise error_for(401, str(message or "the new token was not accepted"))
 
     def _answer(self, conn: _Connection) -> Any:
         """The answer to the operation just sent: refusals of quiet operations sent before
@@ -563,6 +587,8 @@ class HttpTransport:
             reused = not conn.fresh
             try:
                 status, result, error = self._exchange(conn, compute, kind, name, op, args)
+            except CollectionError:
+                raise  # a refusal (a new token not accepted): said as it is
             except _Closed as e:
                 self._drop(conn)
                 if e.code == 1009:

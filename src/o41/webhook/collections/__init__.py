@@ -13,10 +13,11 @@ lock's early release: the client does not wait for it, and an answer would only 
 up); a client knows the service takes quiet messages when it chose the subprotocol
 :data:`PROTOCOL` at the upgrade (a WebSocket ping is answered after every message before
 it, so a client that must know reads up to its pong). The token is checked at the
-upgrade and again every :data:`RECHECK` seconds. The service closes a WebSocket only
-between operations, with :data:`RECONNECT` (idle, token no longer accepted, shutting
-down): a close in place of an answer means the operation was not run, and the client
-sends it again on a new connection.
+upgrade and again every :data:`RECHECK` seconds; a client hands over a rotated token in
+band (``{"auth": "<token>"}``, taken when it names the same caller). The service closes
+a WebSocket only between operations, with :data:`RECONNECT` (idle, token no longer
+accepted, shutting down): a close in place of an answer means the operation was not
+run, and the client sends it again on a new connection.
 
 The namespace is the authenticated caller's (its ServiceAccount token), never the
 request's: two namespaces with the same compute and collection names share nothing.

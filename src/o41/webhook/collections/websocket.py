@@ -1,10 +1,16 @@
 """The collections' WebSocket: many operations over one connection, answered in order
 (see ``o41.webhook.collections`` for the messages). Its token is checked again every
-``RECHECK`` seconds, and the service closes it only between two operations."""
+``RECHECK`` seconds, and the service closes it only between two operations.
+
+A client whose token rotated (the kubelet renews a projected token, which then expires)
+sends the new one in band, ``{"auth": "<token>"}``: accepted when it names the same
+caller (answered ``{"status": 200}``), the connection goes on with it; else it is
+answered 401 and closed. So a long-lived connection outlives the token it began with."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -78,14 +84,28 @@ class _Session:
                 if message.type is not WSMsgType.TEXT or ws.closed:
                     break  # closed by the client, broken, or closing: not run, it resends
                 holder.sockets[ws], running = None, True  # nobody closes it until it answered
-                if time.monotonic() - checked > RECHECK:
+                parsed = _parse(message.data)
+                renewing = isinstance(parsed, dict) and "auth" in parsed
+                if time.monotonic() - checked > RECHECK and not renewing:
                     if await _recheck(self.credential) != who:
                         why, running = b"the token is no longer accepted: reconnect", False
                         break
                     checked = time.monotonic()
-                answer = await _answer(
-                    self.engine, who.tenant, message.data, holder.quota, self.credential
-                )
+                answer: str | None
+                if isinstance(parsed, dict) and renewing:
+                    answer, accepted = await self._reauthenticate(parsed, who)
+                    if not accepted:
+                        with contextlib.suppress(ConnectionError):
+                            await ws.send_str(answer)
+                        why, running = b"the new token is not accepted: reconnect", False
+                        break
+                    checked = time.monotonic()
+                elif isinstance(parsed, dict):
+                    answer = await _perform(
+                        self.engine, who.tenant, parsed, holder.quota, self.credential
+                    )
+                else:
+                    answer = parsed
                 try:
                     if answer is not None:
                         await ws.send_str(answer)
@@ -102,6 +122,19 @@ class _Session:
             else:
                 await ws.close(code=RECONNECT, message=why)
 
+    async def _reauthenticate(self, message: dict[str, Any], who: auth.Caller) -> tuple[str, bool]:
+        """A rotated token sent in band: taken when it names the same caller."""
+        token = message.get("auth")
+        ident = message.get("id")
+        if not isinstance(token, str) or not token:
+            return _refusal(ident, 400, "auth must be the new token, as text"), False
+        credential = auth.Credential(token, self.credential.reviewer)
+        if await _recheck(credential) != who:
+            refusal = "the new token is not accepted as this connection's caller: reconnect"
+            return _refusal(ident, 401, refusal), False
+        self.credential = credential
+        return wire.dumps({"id": ident, "status": 200, "result": {}}).decode(), True
+
 
 async def _recheck(credential: auth.Credential) -> auth.Caller | None:
     """Who the token is now; None if it cannot be checked now either (the client
@@ -113,15 +146,8 @@ async def _recheck(credential: auth.Credential) -> auth.Caller | None:
         return None
 
 
-async def _answer(
-    engine: Engine,
-    namespace: str,
-    data: str,
-    quota: Quota | None = None,
-    credential: auth.Credential | None = None,
-) -> str | None:
-    """The answer to one WebSocket message, refusals included (the socket stays open);
-    None for a quiet message that was not refused."""
+def _parse(data: str) -> dict[str, Any] | str:
+    """A message as a JSON object, or the refusal to answer it with."""
     try:
         check_depth(data, what="the message")
         message = wire.loads(data)
@@ -133,6 +159,18 @@ async def _answer(
         return _refusal(
             None, 400, "each message must be a JSON object: id, compute, kind, name, op, args"
         )
+    return message
+
+
+async def _perform(
+    engine: Engine,
+    namespace: str,
+    message: dict[str, Any],
+    quota: Quota | None = None,
+    credential: auth.Credential | None = None,
+) -> str | None:
+    """The answer to one operation, refusals included (the socket stays open); None for
+    a quiet message that was not refused."""
     ident = message.get("id")
     try:
         compute, kind, name, op = (_text(message, f) for f in ("compute", "kind", "name", "op"))
