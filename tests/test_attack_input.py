@@ -350,3 +350,30 @@ def test_limits_come_from_the_environment() -> None:
         Limits.from_environment({"O41_COLLECTIONS_QUOTA_ENTRIES": "many"})
     with pytest.raises(ValueError, match="0 \\(no limit\\) or more"):
         Limits.from_environment({"O41_COLLECTIONS_RATE_BYTES": "-1"})
+
+
+@pytest.mark.kube
+def test_the_service_audience_when_required_refuses_a_token_meant_for_the_api_server(
+    kube: Kube,
+) -> None:
+    """placement.audiences=[o41]: this cluster's TokenReview is asked for that audience, so
+    the default ServiceAccount token (audience: the API server) is refused and a projected
+    token for o41 is taken (issue 31, point 1)."""
+    running = ServiceThread(MemoryStore)
+    running.tokens = auth.KubernetesTokenReviewer(kube.api, audiences=["o41"])  # type: ignore[assignment]
+    running.start()
+    try:
+        api_server_token = kube.token("audience-test")
+        status, _, body = request(
+            running.url, "POST", "/v1/collections/job/dict/d/len", token=api_server_token
+        )
+        assert status == 401, body
+        o41_token = kube.kubectl(
+            "-n", "audience-test", "create", "token", "default", "--audience", "o41"
+        ).strip()
+        status, _, body = request(
+            running.url, "POST", "/v1/collections/job/dict/d/len", token=o41_token
+        )
+        assert (status, body) == (200, {"len": 0})
+    finally:
+        running.stop()

@@ -39,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--authentication", choices=["tokenreview", "none"], default="tokenreview")
     parser.add_argument(
+        "--audience",
+        action="append",
+        default=[],
+        help="an audience this cluster's tokens must name (repeat for several; the "
+        "TokenReview is asked for them); none: any the API server accepts",
+    )
+    parser.add_argument(
         "--usage-hourly-days",
         type=int,
         default=14,
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig=args.kubeconfig,
         secrets_namespace=args.secrets_namespace,
         authentication=args.authentication,
+        audiences=args.audience,
         metrics_address=(args.host, args.metrics_port) if args.metrics_port else None,
         usage_hourly_days=args.usage_hourly_days,
         usage_daily_days=args.usage_daily_days,
