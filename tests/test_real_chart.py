@@ -227,7 +227,15 @@ def example_location(installed: Installed) -> str:
     """examples/organization.yaml and a Location on the stand-in, Ready: what every test
     that writes needs, made here so that no test depends on another having run first."""
     wait_for(lambda: all_ready(installed), timeout=300, what="the chart's pods to be Ready")
-    installed.kubectl("apply", "-f", str(EXAMPLES / "organization.yaml"))
+    # Ready pods are not yet a reachable Service: kube-proxy programs the webhook's
+    # endpoints a moment later (seconds on loaded cores; "connection refused" until then)
+    organization = ("apply", "-f", str(EXAMPLES / "organization.yaml"))
+    wait_for(
+        lambda: subprocess.run([*kubectl_argv(installed), *organization], capture_output=True,
+                               check=False).returncode == 0,
+        timeout=120,
+        what="the admission webhook to answer through its Service",
+    )  # fmt: skip
     secret, location = location_on_the_stand_in(installed.s3)
     installed.kubectl("apply", "-f", "-", input=json.dumps(secret))
     installed.kubectl("apply", "-f", "-", input=json.dumps(location))
@@ -727,6 +735,15 @@ def test_the_hub_over_tls_on_a_node_port_serves_another_cluster_and_a_vm(
         assert json.loads(read.stdout)["locality"] == "cross-cloud"
         assert back.read_bytes() == data.read_bytes()
 
+        # the usage shows both: the write from gcp, the read from aws
+        def both_counted() -> set[tuple[str, str]] | None:
+            # each replica flushes its counters every few seconds (its usage interval)
+            usage = get_json(f"{endpoint}/v1/usage?organization=ml&records=true", a_token, ca)
+            seen = {(r["kind"], r["dims"].get("cloud")) for r in usage["records"]}
+            return seen if {("write", "gcp"), ("read", "aws")} <= seen else None
+
+        wait_for(both_counted, 60, "the usage to show B's write and A's read")
+
         # ml-training of the hub's cluster and of B: two tenants
         counter = f"{endpoint}/v1/collections/job/counter/steps"
         assert post(counter + "/add", {"n": 3}, a_token, ca)["value"] == 3
@@ -779,6 +796,14 @@ def post(url: str, body: dict[str, Any], token: str, ca: Path) -> dict[str, Any]
         method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
+    context = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(request, context=context, timeout=30) as r:
+        answer: dict[str, Any] = json.load(r)
+        return answer
+
+
+def get_json(url: str, token: str, ca: Path) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     context = ssl.create_default_context(cafile=str(ca))
     with urllib.request.urlopen(request, context=context, timeout=30) as r:
         answer: dict[str, Any] = json.load(r)

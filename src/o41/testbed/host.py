@@ -253,10 +253,16 @@ def cgroup_pids(relative: str) -> set[int]:
         root = hierarchy / relative.strip("/")
         if not root.is_dir():
             continue
-        for procs in root.rglob("cgroup.procs"):
+        for directory in _cgroup_tree(root):
             with contextlib.suppress(OSError):
-                pids |= {int(p) for p in procs.read_text().split()}
+                pids |= {int(p) for p in (directory / "cgroup.procs").read_text().split()}
     return pids
+
+
+def _cgroup_tree(root: Path) -> list[Path]:
+    """``root`` and its cgroups below: kubelet and containerd remove theirs while this
+    walks (os.walk skips a directory gone meanwhile; Path.rglob raised on it)."""
+    return [Path(top) for top, _, _ in os.walk(root)]
 
 
 def kill_cgroup(relative: str, timeout: float = 30.0) -> set[int]:
@@ -273,9 +279,7 @@ def kill_cgroup(relative: str, timeout: float = 30.0) -> set[int]:
         root = hierarchy / relative.strip("/")
         if not root.is_dir():
             continue
-        for directory in sorted(
-            (d for d in root.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)
-        ):
+        for directory in sorted(_cgroup_tree(root)[1:], key=lambda d: -len(d.parts)):
             with contextlib.suppress(OSError):
                 directory.rmdir()
         with contextlib.suppress(OSError):
