@@ -71,21 +71,42 @@ class Release:
         result: dict[str, Any] = json.loads(self.kube.kubectl("get", kind, name, *ns, "-o", "json"))
         return result
 
-    def ready(self) -> bool:
-        """Every Deployment Available with all replicas updated and ready; the StatefulSet
-        with all members ready."""
+    COUNTS = ("replicas", "readyReplicas", "updatedReplicas")
+
+    def not_ready(self) -> list[str]:
+        """The Deployments and the StatefulSet not yet with every replica updated and
+        ready (and observed at their generation), each with its counts."""
+        found = []
         for kind in ("deployments", "statefulsets"):
             items = json.loads(self.kube.kubectl("get", kind, "-n", self.namespace, "-o", "json"))
             for item in items["items"]:
                 want = item["spec"]["replicas"]
                 status = item.get("status", {})
-                if status.get("observedGeneration") != item["metadata"]["generation"]:
-                    return False
-                if status.get("readyReplicas", 0) != want or status.get("replicas", 0) != want:
-                    return False
-                if status.get("updatedReplicas", 0) != want:
-                    return False
-        return True
+                counts = [
+                    status.get(k, 0) for k in ("replicas", "readyReplicas", "updatedReplicas")
+                ]
+                observed = status.get("observedGeneration") == item["metadata"]["generation"]
+                if not observed or counts != [want] * 3:
+                    name = f"{kind}/{item['metadata']['name']}"
+                    found.append(
+                        f"{name}: want {want}, {self.COUNTS} {counts}, observed {observed}"
+                    )
+        return found
+
+    def ready(self) -> bool:
+        return not self.not_ready()
+
+    def wait_ready(self, what: str) -> None:
+        """Until every workload is ready; else fail with what is not, and why (the pods,
+        the events), as a user would look."""
+        try:
+            wait_for(self.ready, timeout=120, what=what)
+        except AssertionError as e:
+            pods = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "wide", check=False)
+            events = self.kube.kubectl(
+                "get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp", check=False
+            )
+            raise AssertionError(f"{e}\n{self.not_ready()}\n{pods}\n{events[-4000:]}") from None
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +136,7 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
     assert endpoint in out, out  # NOTES.txt
     assert "etcd TLS: client certificates required, only the placement service holds one" in out
     assert "metrics ports (they name every organization) closed: name your scrapers" in out
-    wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
+    release.wait_ready("the release's workloads to be ready")
 
     operator = release.get("deployment", f"{release.fullname}-operator")
     assert operator["status"]["readyReplicas"] == 1
@@ -167,7 +188,7 @@ def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operat
 
 
 def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Release) -> None:
-    wait_for(release.ready, timeout=120, what="the release's workloads to be ready")
+    release.wait_ready("the release's workloads to be ready")
     ca_before = release.get("secret", f"{release.fullname}-webhook-tls")["data"]
     etcd_tls = [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
     etcd_before = {name: release.get("secret", name)["data"] for name in etcd_tls}
@@ -175,7 +196,7 @@ def test_upgrade_with_changed_values_takes_effect_and_keeps_the_ca(release: Rele
         "upgrade", release.name, str(CHART), "--namespace", release.namespace,
         "--reuse-values", "--set", "placement.replicas=3",
     )  # fmt: skip
-    wait_for(release.ready, timeout=120, what="the upgraded workloads to be ready")
+    release.wait_ready("the upgraded workloads to be ready")
     placement = release.get("deployment", f"{release.fullname}-placement")
     assert placement["spec"]["replicas"] == 3
     assert placement["status"]["readyReplicas"] == 3
