@@ -5,6 +5,7 @@ a revoked token; the view's watch sees it within seconds)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -21,6 +22,7 @@ from o41.webhook.http.tokens import MAX_TOKEN, TokenVerifier, decode_segment
 
 log = logging.getLogger("o41.webhook.service_tokens")
 KEY_TTL = 60.0  # seconds: a new key in the Secret serves within a minute
+MAX_CACHED = 10_000  # verified tokens remembered (by SHA-256, never the token)
 
 KeySource = Callable[[], Awaitable[Mapping[str, str]]]  # the Secret's data
 
@@ -32,6 +34,7 @@ class ServiceTokens:
     records: dict[str, Issued] = field(default_factory=dict)  # by token id
     clock: Callable[[], float] = time.time
     _key: tuple[float, ECKey] | None = None
+    _verified: dict[bytes, tuple[ECKey, Issued]] = field(default_factory=dict)
 
     def issues(self, token: str) -> bool:
         parts = token.split(".")
@@ -43,10 +46,19 @@ class ServiceTokens:
             return False
 
     async def verify(self, token: str) -> Issued:
+        """The token's claims, once its signature and the rules pass and its record
+        exists. A signature verified once is remembered by the token's SHA-256 until its
+        exp and while the key is the same; the record is looked at on every call, so a
+        revocation takes effect at once."""
         assert self.issuer is not None, "issues() said no"
-        header, claims = TokenVerifier.parse(token)
-        issued = check_claims(self.issuer, header, claims, int(self.clock()))
+        now = self.clock()
+        digest = hashlib.sha256(token.encode()).digest()
         key = await self.key()
+        hit = self._verified.get(digest)
+        if hit is not None and hit[0] is key and hit[1].expires > now:
+            return check_record(hit[1], self.records.get(hit[1].id))
+        header, claims = TokenVerifier.parse(token)
+        issued = check_claims(self.issuer, header, claims, int(now))
         if header.get("kid") != kid_of(key):
             raise BadSignature(
                 f"service token {issued.id!r} was signed with a key this service no longer "
@@ -63,6 +75,11 @@ class ServiceTokens:
                 DOMAIN,
                 "kid",
             ) from None
+        if len(self._verified) >= MAX_CACHED:  # bounded: the expired go, then all
+            self._verified = {d: v for d, v in self._verified.items() if v[1].expires > now}
+            if len(self._verified) >= MAX_CACHED:
+                self._verified.clear()
+        self._verified[digest] = (key, issued)
         return check_record(issued, self.records.get(issued.id))
 
     async def key(self) -> ECKey:
