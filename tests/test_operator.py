@@ -418,7 +418,20 @@ def test_operator_killed_mid_setup_leaves_one_bucket_and_a_ready_location(
     wait_for(buckets, 60, "the bucket to be created")
     operator.kill()  # SIGKILL: no chance to record anything more
     operator.start()
-    ready = cluster.ready(loc)
+    try:
+        ready = cluster.ready(loc)
+    except AssertionError as e:  # a cold CI run saw this once: say all there is about it
+        said = [
+            line
+            for log in sorted(operator.directory.glob("*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if loc in line
+        ]
+        obj = cluster.get("location", loc)
+        raise AssertionError(
+            f"{e}\nannotations: {obj['metadata'].get('annotations')}\n"
+            f"status: {obj.get('status')}\nthe operator on {loc}:\n" + "\n".join(said[-80:])
+        ) from None
     assert buckets() == [ready["status"]["bucket"]]
 
 
