@@ -17,7 +17,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import warnings
@@ -43,6 +42,8 @@ from o41.testbed.usage import FakeReviewer
 from o41.webhook.app import Settings, make_app
 from o41.webhook.http.tls import Reloading, ServingTls
 from o41.webhook.http.view import Cluster, View, organization_source
+
+from support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "token-team-a"  # o41.testbed.usage's: namespace team-a, listed by the Organization
@@ -328,17 +329,21 @@ def process(tmp_path: Path, ca: Authority, kubeconfig: Path) -> Iterator[Process
     )  # fmt: skip
     running = Process(f"https://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{metrics}", proc)
     context = ssl.create_default_context(cafile=str(ca.cert_path))
-    deadline = time.monotonic() + 60
+
+    def answers() -> bool | None:
+        if proc.poll() is not None:
+            raise AssertionError("the service exited")  # its log says why
+        try:
+            return status(running.url + "/healthz", context) == 200
+        except (OSError, urllib.error.URLError):
+            return None
+
     try:
-        while True:
-            try:
-                if status(running.url + "/healthz", context) == 200:
-                    break
-            except (OSError, urllib.error.URLError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.close()
-                    pytest.fail((tmp_path / "service.log").read_text()[-3000:])
-                time.sleep(0.2)
+        try:
+            wait_for(answers, 60, "the service to answer over HTTPS", interval=0.2)
+        except AssertionError:
+            log.close()
+            pytest.fail((tmp_path / "service.log").read_text()[-3000:])
         yield running
     finally:
         proc.terminate()
