@@ -17,6 +17,7 @@ import pytest
 from o41.artifacts import BadRequest, Client, Conflict, Error, NotFound
 from o41.cli import main
 from o41.core.directories import MAX_FILES, MAX_PATH_BYTES
+from o41.core.ledger import parse_record
 from o41.core.places import Place
 from o41.testbed.locations import ORG
 from o41.webhook.http.store import STORE
@@ -77,10 +78,21 @@ async def test_a_directory_is_one_version_read_whole_or_file_by_file(
         "east",
         "best",
     )
-    # each file is an object under the version's prefix, all in the one location
+    # each file is an object under the version's prefix, all in the one location, with
+    # the version's record object and its manifest object beside them (issue 32)
     keys = sorted(k for k in service.storage.objects if k.startswith("/bucket-east/"))
+    ledger = [k for k in keys if k.startswith("/bucket-east/.o41/")]
+    assert ledger == [
+        f"/bucket-east/.o41/manifests/{ORG}/run/{written.version}",
+        f"/bucket-east/.o41/versions/{ORG}/run/{written.version}",
+    ]
+    keys = [k for k in keys if k not in ledger]
     assert len(keys) == len(files)
     assert all(f"/run/{written.version}/" in k for k in keys)
+    raw = service.storage.objects[ledger[1]].data
+    record = parse_record(ledger[1].removeprefix("/bucket-east/"), raw, "east")
+    assert record.manifest is not None and record.manifest.files == len(files)
+    assert (record.tag, record.metadata, record.seq) == ("best", {"step": 7}, 1)
 
     latest = await asyncio.to_thread(client.latest, ORG, "run")
     assert latest is not None

@@ -140,7 +140,12 @@ async def test_a_directory_version_is_deleted_whole_unless_kept(
     rules(service, 2)
     assert await service.app[RETENTION].apply(ORG, "ckpt") == 1
     assert files_of(gone) == []
-    assert sorted(storage.deleted) == [
+    # its files, then its manifest and record objects last (issue 32)
+    assert storage.deleted[2:] == [
+        f"/bucket-east/.o41/manifests/{ORG}/ckpt/{gone}",
+        f"/bucket-east/.o41/versions/{ORG}/ckpt/{gone}",
+    ]
+    assert sorted(storage.deleted[:2]) == [
         f"/bucket-east/ckpt/{gone}/config.json",
         f"/bucket-east/ckpt/{gone}/shards/0.bin",
     ]
@@ -154,7 +159,7 @@ async def test_a_directory_version_is_deleted_whole_unless_kept(
     assert [v["version"] for v in page["versions"]] == [latest, newest, tagged]
     for kept in (tagged, newest, latest):
         assert files_of(kept) == ["config.json", "shards/0.bin"]
-        assert await store.get(manifest_key(ORG, "ckpt", kept)) is not None
+        assert f"/bucket-east/.o41/manifests/{ORG}/ckpt/{kept}" in storage.objects
         out = tmp_path / f"back-{kept}"
         await asyncio.to_thread(client.read, ORG, "ckpt", kept, out)
         assert (out / "shards" / "0.bin").exists()

@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import pathlib
 import urllib.error
 import urllib.request
 import uuid
@@ -24,6 +25,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,6 +39,7 @@ from o41.storage import (
     Reason,
     SetupFailed,
     SignedRequest,
+    StorageError,
     UploadIncomplete,
     bucket_name,
     open_bucket,
@@ -746,3 +749,138 @@ def test_complete_with_a_missing_part_is_upload_incomplete(backend: Backend, rea
     assert failed.value.reason == "UploadIncomplete"
     assert ready.stat("partial") is None
     ready.abort_multipart("partial", upload)
+
+
+# ----------------------------------------------------------- the service's own objects
+
+
+def test_put_then_get_gives_the_bytes_and_a_put_replaces(ready: Bucket) -> None:
+    """Records, manifests and journal entries the placement service writes itself: the
+    exact bytes back, the MD5 the store checked kept where it shows one, a second put
+    replacing the first, an empty object an object too."""
+    data = os.urandom(300_001)
+    ready.put(KEY, data)
+    assert ready.get(KEY) == data
+    stat = ready.stat(KEY)
+    assert stat is not None and stat.size == len(data)
+    assert stat.md5 == hashlib.md5(data).hexdigest()  # all three stand-ins show it
+
+    shorter = b'{"version": 2}'
+    ready.put(KEY, shorter)
+    assert ready.get(KEY) == shorter
+    stat = ready.stat(KEY)
+    assert stat is not None and stat.size == len(shorter)
+
+    ready.put("empty", b"")
+    assert ready.get("empty") == b""
+
+
+@pytest.mark.parametrize("backend", ["s3", "azure_blob"], indirect=True)
+def test_a_put_whose_bytes_differ_from_their_md5_is_refused(
+    backend: Backend, ready: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MD5 a put sends is checked by the store: made to send the MD5 of other bytes,
+    as if its bytes had changed on the way, the write is refused and the old object
+    stays. Not on GCS: fake-gcs-server ignores the md5Hash it is sent (GCS checks it)."""
+    ready.put("r", b"old")
+    other = hashlib.md5(b"other bytes")
+    if backend.kind == "s3":
+        import o41.storage.s3
+
+        monkeypatch.setattr(o41.storage.s3, "hashlib", SimpleNamespace(md5=lambda _: other))
+    else:
+        from azure.storage.blob._shared import policies  # the SDK's Content-MD5
+
+        monkeypatch.setattr(policies, "calculate_content_md5", lambda _: other.digest())
+    with pytest.raises(StorageError) as failed:
+        ready.put("r", b"new")
+    assert failed.value.reason == Reason.BACKEND_ERROR
+    assert "writing an object to" in str(failed.value)
+    monkeypatch.undo()
+    assert ready.get("r") == b"old"
+
+
+def test_get_of_a_missing_key_is_none(ready: Bucket) -> None:
+    assert ready.get("no/such/object") is None
+
+
+def test_put_objects_are_listed_with_their_sizes(ready: Bucket) -> None:
+    entries = {f"journal/{n:04d}": os.urandom(10 + n) for n in range(3)}
+    for key, data in entries.items():
+        ready.put(key, data)
+    ready.put("journalist", b"not under journal/")
+    listed = ready.list_under("journal/")
+    assert {key: stat.size for key, stat in listed.items()} == {
+        key: len(data) for key, data in entries.items()
+    }
+
+
+def test_upload_then_download_a_large_file(
+    backend: Backend, ready: Bucket, tmp_path: pathlib.Path
+) -> None:
+    """An etcd snapshot: uploaded in parts (two on S3 and Azure, each part checked there),
+    downloaded byte for byte, over a file already at the path."""
+    source = tmp_path / "snapshot.db"
+    with source.open("wb") as f:
+        for _ in range(12):
+            f.write(os.urandom(MiB))
+        f.write(os.urandom(12_345))
+    want = hashlib.sha256(source.read_bytes()).hexdigest()
+
+    ready.upload("etcd/snapshot.db", source)
+
+    stat = ready.stat("etcd/snapshot.db")
+    assert stat is not None and stat.size == source.stat().st_size
+    if backend.kind == "s3":
+        head = backend.sdk.head_object(Bucket=ready.ref.bucket, Key="etcd/snapshot.db")
+        assert head["ETag"].endswith('-2"')  # multipart: two parts of 8 MiB at most
+        assert stat.crc32 is not None and stat.crc32.endswith("-2")  # each part's CRC32
+    if backend.kind == "azure_blob":
+        blob = backend.sdk.get_blob_client(ready.ref.bucket, "etcd/snapshot.db")
+        committed, _ = blob.get_block_list("committed")
+        assert len(committed) == 2
+
+    target = tmp_path / "restored.db"
+    target.write_bytes(b"an older snapshot")
+    assert ready.download("etcd/snapshot.db", target)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["restored.db", "snapshot.db"]
+
+
+def test_download_of_a_missing_key_is_false_and_writes_nothing(
+    ready: Bucket, tmp_path: pathlib.Path
+) -> None:
+    target = tmp_path / "restored.db"
+    assert ready.download("no/such/snapshot", target) is False
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
+    target.write_bytes(b"kept")
+    assert ready.download("no/such/snapshot", target) is False
+    assert target.read_bytes() == b"kept"
+
+
+def test_standin_bucket_puts_gets_uploads_and_downloads(tmp_path: pathlib.Path) -> None:
+    """The in-process stand-in (o41.testbed.standin_bucket) the service's tests use:
+    no server needed for what the service writes and reads itself."""
+    from o41.testbed.standin_bucket import StandInBucket, Storage
+
+    storage = Storage()
+    bucket = StandInBucket(BucketRef("s3", "o41-standin", "us-east-1"), storage)
+    other = StandInBucket(BucketRef("s3", "o41-other", "us-east-1"), storage)
+    bucket.put(KEY, b"one")
+    bucket.put(KEY, b"two")
+    assert bucket.get(KEY) == b"two"
+    assert other.get(KEY) is None
+    assert bucket.get("no/such/object") is None
+    stat = bucket.stat(KEY)
+    assert stat is not None and stat.size == 3 and stat.md5 == hashlib.md5(b"two").hexdigest()
+    assert {k: s.size for k, s in bucket.list_under("runs/").items()} == {KEY: 3}
+
+    source = tmp_path / "snapshot.db"
+    source.write_bytes(os.urandom(100_000))
+    bucket.upload("etcd/snapshot.db", source)
+    target = tmp_path / "restored.db"
+    assert bucket.download("etcd/snapshot.db", target)
+    assert target.read_bytes() == source.read_bytes()
+    assert not bucket.download("no/such/snapshot", tmp_path / "missing.db")
+    assert not (tmp_path / "missing.db").exists()

@@ -6,13 +6,16 @@ can validate names and handle errors without loading boto3, google or azure.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar, get_args
 
 Kind = Literal["s3", "gcs", "azure_blob", "s3_compatible"]
@@ -311,6 +314,27 @@ class Bucket(Protocol):
         no object is not an error."""
         ...
 
+    def put(self, key: str, data: bytes) -> None:
+        """Write ``data`` as the object ``key`` in one request (small objects: records,
+        manifests, journal entries; up to 5 MiB), the store checking its MD5 (S3
+        Content-MD5, GCS md5Hash, Azure Content-MD5); an existing object is replaced."""
+        ...
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes of ``key``, or None when there is no such object."""
+        ...
+
+    def upload(self, key: str, path: Path) -> None:
+        """Write the file at ``path`` as ``key``, in parts when it is large (the SDK's
+        managed transfer: boto3 upload_file, GCS upload_from_filename, Azure upload_blob
+        with max_concurrency): etcd snapshots."""
+        ...
+
+    def download(self, key: str, path: Path) -> bool:
+        """Write ``key``'s bytes to ``path``; False when there is no such object. ``path``
+        gets the whole object or is left as it was, never part of one."""
+        ...
+
 
 # ------------------------------------------------------------------------------- helpers
 
@@ -326,6 +350,18 @@ def check_key(key: str) -> None:
     """Refuse keys no backend would store the same way: empty or too long."""
     if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise ValueError(f"object keys must be 1..{MAX_KEY_BYTES} bytes of UTF-8")
+
+
+@contextlib.contextmanager
+def landing(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for a download to land in, removed at the end: the
+    caller moves it onto ``path`` once complete, so a failed or absent download leaves
+    ``path`` as it was (no partial snapshot for a restore to pick up)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.o41-download")
+    try:
+        yield temporary
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def check_days(days: int | None) -> None:

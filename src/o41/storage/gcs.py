@@ -33,6 +33,7 @@ import json
 import re
 import secrets
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import requests
@@ -62,6 +63,7 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
+    landing,
     name_taken,
     owner_mark,
     scrub,
@@ -507,6 +509,45 @@ class GcsBucket:
         check_key(key)
         with self._failing("deleting an object of", cls=StorageError, unless=(gex.NotFound,)):
             self._bucket.blob(key).delete(timeout=_TIMEOUT, retry=_RETRY)
+
+    def put(self, key: str, data: bytes) -> None:
+        """One multipart upload whose metadata carries the bytes' md5Hash, which GCS checks
+        (``checksum="md5"``; the SDK's default would send a CRC32C instead)."""
+        check_key(key)
+        with self._failing("writing an object to", cls=StorageError):
+            self._bucket.blob(key).upload_from_string(
+                data, content_type=OCTET_STREAM, checksum="md5", timeout=_TIMEOUT, retry=_RETRY
+            )
+
+    def get(self, key: str) -> bytes | None:
+        check_key(key)
+        absent = (gex.NotFound,)
+        with self._failing("reading an object of", cls=StorageError, unless=absent) as answer:
+            data: bytes = self._bucket.blob(key).download_as_bytes(timeout=_TIMEOUT, retry=_RETRY)
+        return None if answer.error is not None else data
+
+    def upload(self, key: str, path: Path) -> None:
+        """The SDK's managed upload: resumable, in chunks, above 8 MiB; the SDK checks the
+        whole object's checksum against the one GCS computed."""
+        check_key(key)
+        with self._failing("uploading a file to", cls=StorageError):
+            self._bucket.blob(key).upload_from_filename(
+                str(path), content_type=OCTET_STREAM, timeout=_TIMEOUT, retry=_RETRY
+            )
+
+    def download(self, key: str, path: Path) -> bool:
+        check_key(key)
+        absent = (gex.NotFound,)
+        with landing(path) as temporary:
+            doing = "downloading an object of"
+            with self._failing(doing, cls=StorageError, unless=absent) as answer:
+                self._bucket.blob(key).download_to_filename(
+                    str(temporary), timeout=_TIMEOUT, retry=_RETRY
+                )
+            if answer.error is not None:
+                return False
+            temporary.replace(path)
+        return True
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)

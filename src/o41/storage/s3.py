@@ -9,11 +9,14 @@ endpoint decides where the bucket lives, so ``ensure`` cannot check the region t
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import functools
+import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
@@ -45,6 +48,7 @@ from o41.storage.base import (
     check_key,
     check_parts,
     expires_at,
+    landing,
     name_taken,
     owner_mark,
     scrub,
@@ -607,6 +611,63 @@ class S3Bucket:
         absent = _statuses(404)
         with self._failing("deleting an object of", cls=StorageError, unless=absent):
             self._client.delete_object(Bucket=self.ref.bucket, Key=key)
+
+    def put(self, key: str, data: bytes) -> None:
+        """PutObject with Content-MD5: S3 refuses bytes that differ from what was sent
+        (botocore no longer adds it by itself, ``_CONFIG``)."""
+        check_key(key)
+        md5 = base64.b64encode(hashlib.md5(data).digest()).decode()  # noqa: S324 - integrity
+        with self._failing("writing an object to", cls=StorageError):
+            self._client.put_object(
+                Bucket=self.ref.bucket,
+                Key=key,
+                Body=data,
+                ContentMD5=md5,
+                ContentType=OCTET_STREAM,
+            )
+
+    def get(self, key: str) -> bytes | None:
+        check_key(key)
+        absent = _statuses(404)
+        with self._failing("reading an object of", cls=StorageError, unless=absent) as answer:
+            body: bytes = self._client.get_object(Bucket=self.ref.bucket, Key=key)["Body"].read()
+        return None if answer.error is not None else body
+
+    def upload(self, key: str, path: Path) -> None:
+        """boto3's managed transfer (what ``upload_file`` runs): multipart above 8 MiB,
+        parts in parallel, each with its CRC32 on AWS (``_part_checksums``). The manager
+        is used directly so a refusal stays a ClientError, which ``_failing`` classifies
+        (``upload_file`` wraps it in S3UploadFailedError)."""
+        check_key(key)
+        extra = {"ContentType": OCTET_STREAM}
+        if self._part_checksums:
+            extra["ChecksumAlgorithm"] = "CRC32"
+        with self._failing("uploading a file to", cls=StorageError), self._transfer() as transfer:
+            transfer.upload(str(path), self.ref.bucket, key, extra_args=extra).result()
+
+    def download(self, key: str, path: Path) -> bool:
+        """boto3's managed transfer (what ``download_file`` runs): ranges in parallel for
+        a large object."""
+        check_key(key)
+        absent = _statuses(404)  # its HeadObject: no error code, only the status
+        with landing(path) as temporary:
+            doing = "downloading an object of"
+            failing = self._failing(doing, cls=StorageError, unless=absent)
+            with failing as answer, self._transfer() as transfer:
+                transfer.download(self.ref.bucket, key, str(temporary)).result()
+            if answer.error is not None:
+                return False
+            temporary.replace(path)
+        return True
+
+    def _transfer(self) -> Any:
+        """A boto3 transfer manager on this bucket's client. Classic, never CRT (chosen
+        by "auto" on some EC2 types): CRT sends through an HTTP client of its own, without
+        this client's timeouts, retries and redirect rule."""
+        from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+        config = TransferConfig(preferred_transfer_client="classic")
+        return create_transfer_manager(self._client, config)
 
     def stat(self, key: str) -> ObjectStat | None:
         check_key(key)

@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote, unquote, urlencode
 
 from aiohttp import web
@@ -234,3 +235,22 @@ class StandInBucket:
             )
             for p, o in held.items()
         }
+
+    def put(self, key: str, data: bytes) -> None:
+        with self._storage.lock:
+            self._storage.objects[self._path(key)] = Stored(bytes(data))
+
+    def get(self, key: str) -> bytes | None:
+        with self._storage.lock:
+            found = self._storage.objects.get(self._path(key))
+        return None if found is None else found.data
+
+    def upload(self, key: str, path: Path) -> None:
+        self.put(key, path.read_bytes())
+
+    def download(self, key: str, path: Path) -> bool:
+        data = self.get(key)
+        if data is None:
+            return False
+        path.write_bytes(data)
+        return True

@@ -28,6 +28,7 @@ from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
 from o41.webhook.http.tokens import TokenVerifier
 from o41.webhook.http.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
+from o41.webhook.ledger import MANIFESTS, Manifests
 from o41.webhook.retention import retaining
 from o41.webhook.usage import page as usage_page
 from o41.webhook.usage.counters import USAGE, Usage
@@ -39,7 +40,7 @@ from o41.webhook.writes.batching import BATCHER, PutBatcher
 from o41.webhook.writes.pending import LEASES, PendingLease
 from o41.webhook.writes.sweeper import sweeping
 
-__all__ = ["Settings", "make_app"]
+__all__ = ["Settings", "make_app", "rebuild_app"]
 
 MAX_BODY = 1024 * 1024  # requests are small JSON; uploads go straight to the bucket
 
@@ -188,6 +189,7 @@ def make_app(
     if cluster is not None:
         app[SECRETS] = cluster.secrets
     app[BUCKETS] = Buckets(buckets) if buckets else Buckets()
+    app[MANIFESTS] = Manifests()
     app[LEASES] = PendingLease()
     if reviewer is None:
         if settings.authentication == "none":
@@ -220,6 +222,17 @@ def make_app(
     else:
         app.cleanup_ctx.append(metrics_listener)
     collections.setup(app)
+    return app
+
+
+def rebuild_app(settings: Settings) -> web.Application:
+    """What a rebuild from the buckets needs of the service (``o41.webhook.rebuild``):
+    the view of the cluster, its Secrets, the buckets and the store; no HTTP, no passes."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[VIEW] = View()
+    app[BUCKETS] = Buckets()
+    app.cleanup_ctx.extend([cluster_view, state_store(None)])
     return app
 
 

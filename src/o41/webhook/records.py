@@ -10,7 +10,9 @@
   version; every commit of the artifact moves it by compare-and-set, so commits take
   sequence numbers one at a time.
 - ``manifests/<org>/<artifact>/<version>``: a directory version's files (path, size, MD5;
-  ``o41.core.directories``), put by the commit's own transaction.
+  ``o41.core.directories``), put by the commit's own transaction: directory versions
+  committed before issue 32 only. Since then the manifest is an object in the version's
+  bucket (``o41.webhook.ledger``) and the version's record keeps its SHA-256 and size.
 - ``tags/<org>/<artifact>/<tag>``: the version a tag points at; moved by compare-and-set.
 - a version's record with ``deleting`` set (and its index key, likewise): retention is
   deleting it (``o41.webhook.retention``); reads answer 404 "deleted by retention".
@@ -156,6 +158,14 @@ class Version:
     # record only (the listing index leaves them out: up to 10,000 checksums a version).
     part_size: int | None = None
     crc32: list[str] | None = None
+    # What the version's record object in its bucket holds besides (issue 32,
+    # o41.webhook.ledger): the artifact's latest when the commit took its number, the
+    # tenant that committed, the tag the commit moved, a directory's manifest object.
+    previous: str | None = None
+    by: str | None = None
+    tag: str | None = None
+    manifest_sha256: str | None = None  # None: the manifest is in etcd (before issue 32)
+    manifest_size: int | None = None
 
     def dump(self) -> bytes:
         return _dump(self)

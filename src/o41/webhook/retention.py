@@ -11,8 +11,12 @@ A version is deleted in three steps, each safe to repeat and to stop after:
 2. **Check the tags again**, after the mark: a tag move onto the version that won its
    transaction did so before the mark, so the tags read now show every tag that will
    ever point at it. If one does, the mark is taken back and the version stays.
-3. **Delete** the object in the location's bucket (idempotent: a key with no object is
-   not an error), then both records in one transaction guarded by the marked revision.
+3. **Journal** the deletion in the organization's fallback location (its sequence
+   number stays taken in a rebuild; the entry's time is the mark's, so a repeat writes
+   the same object), **delete** the object in the location's bucket (idempotent: a key
+   with no object is not an error), the version's manifest and record objects last
+   (``o41.webhook.ledger``), then both etcd records in one transaction guarded by the
+   marked revision.
    A directory version's objects are every one under its prefix (``<artifact>/<version>/``,
    one listing, deletes in parallel, each idempotent); its ``manifests/`` record goes in
    that same last transaction, so a stop halfway through its files leaves the marked
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +45,8 @@ from dataclasses import replace
 
 from aiohttp import web
 
+from o41.core.ledger import Deletion, micros, record_key
+from o41.core.ledger import manifest_key as manifest_object_key
 from o41.core.retention import Row, choose, keep_for
 from o41.state import Compare, Delete, KeyValue, Put, StoreUnavailable
 from o41.webhook.buckets import bucket_for, delete_files
@@ -47,6 +54,7 @@ from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.settings import SETTINGS
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
+from o41.webhook.ledger import write_entry
 from o41.webhook.records import (
     ArtifactRecord,
     Tag,
@@ -218,13 +226,18 @@ class Retention:
             )
             return 0
         records: list[Delete] = [Delete(vkey), Delete(index.key)]
+        assert record.deleting is not None
+        gone = Deletion(organization, artifact, record.version, record.seq, micros(record.deleting))
         try:
+            await write_entry(app, gone, location.name)  # the same entry if repeated
             opened = await bucket_for(app, location)
             if record.files is None:
                 await opened.call(location.name, lambda: opened.bucket.delete(record.key))
             else:  # a directory: every object under its prefix, then its manifest too
                 await delete_files(opened, location.name, record.key)
                 records.append(Delete(manifest_key(organization, artifact, record.version)))
+            for key in ledger_keys(record):  # the bucket's record last: a rebuild needs it
+                await opened.call(location.name, functools.partial(opened.bucket.delete, key))
         except LocationFailed as e:
             log.warning("retention: version %s not deleted: %s", record.version, e)
             return 0
@@ -262,6 +275,14 @@ class Retention:
             [Put(vkey, kept), Put(index.key, kept)],
         )
         log.info("retention kept version %s: a tag points at it", version)
+
+
+def ledger_keys(record: Version) -> list[str]:
+    """The version's objects of the buckets' record: its manifest object, then its record
+    object (deleted last, once nothing else of the version is left)."""
+    org, artifact, version = record.organization, record.artifact, record.version
+    keys = [] if record.manifest_sha256 is None else [manifest_object_key(org, artifact, version)]
+    return [*keys, record_key(org, artifact, version)]
 
 
 RETENTION: web.AppKey[Retention] = web.AppKey("retention")

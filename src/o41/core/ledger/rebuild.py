@@ -257,7 +257,7 @@ def _replay(
     for r in winners:
         if r.tag is not None:
             tref = (r.organization, r.artifact, r.tag)
-            moves.append((r.committed_us, r.object_key, tref, r.version, r.by))
+            moves.append((r.committed_us, r.object_key, tref, r.version, r.by or ""))
     last: dict[TagRef, tuple[int, str, TagRef, str | None, str]] = {}
     for move in sorted(moves):
         last[move[2]] = move

@@ -71,7 +71,7 @@ class VersionRecord:
     source: str
     rule: str
     committed_us: int
-    by: str
+    by: str | None  # None: written from etcd for a version committed before records
     tag: str | None = None
     manifest: ManifestRef | None = None
 
@@ -99,9 +99,13 @@ class VersionRecord:
         if self.part_size is not None and self.part_size < 1:
             raise LedgerRefused(f"part size {self.part_size} is below 1")
         _check_micros("committed_us", self.committed_us)
-        for name in ("location", "source", "rule", "by"):
+        for name in ("location", "source", "rule"):
             if not getattr(self, name):
                 raise LedgerRefused(f"{name} is empty")
+        if self.by == "":
+            raise LedgerRefused("by is empty")
+        if self.tag is not None and self.by is None:
+            raise LedgerRefused(f"tag {self.tag!r} moved by nobody: a tagging commit has a tenant")
         if self.tag is not None:
             try:
                 check_tag(self.tag)
@@ -184,6 +188,11 @@ def version_fields(record: VersionRecord) -> dict[str, Any]:
         "deleting": None,
         "part_size": record.part_size,
         "crc32": None if record.crc32 is None else list(record.crc32),
+        "previous": record.previous,
+        "by": record.by,
+        "tag": record.tag,
+        "manifest_sha256": None if record.manifest is None else record.manifest.sha256,
+        "manifest_size": None if record.manifest is None else record.manifest.size,
     }
 
 
@@ -342,7 +351,7 @@ def parse_record(key: str, raw: bytes, location: str | None = None) -> VersionRe
             source=f.text("source"),
             rule=f.text("rule"),
             committed_us=f.number("committed_us"),
-            by=f.text("by"),
+            by=f.maybe_text("by"),
             tag=f.maybe_text("tag"),
             manifest=ref,
         ),

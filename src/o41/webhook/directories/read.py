@@ -1,5 +1,6 @@
 """Read a directory version: its files (path, size, MD5) with a download of each, or one
-file; the manifest is read from the store, the downloads signed at once."""
+file; the manifest is read from its bucket (from the store for a version committed before
+issue 32), the downloads signed at once."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from typing import Any
 
 from aiohttp import web
 
-from o41.core.directories import FileEntry, check_path, find, load_manifest, object_key
+from o41.core.directories import FileEntry, check_path, find, object_key
 from o41.core.places import Place, locality
 from o41.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import organization_for
-from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
-from o41.webhook.records import Version, manifest_key
+from o41.webhook.ledger import manifest
+from o41.webhook.records import Version
 from o41.webhook.versions.refs import resolve
 from o41.webhook.writes.read import count_read, located
 
@@ -33,13 +34,10 @@ async def _directory(
             f"with GET /v1/organizations/{org.name}/artifacts/{artifact}/versions/"
             f"{record.version}",
         )
-    found = await app[STORE].get(manifest_key(org.name, artifact, record.version))
-    if found is None:  # a version's record and its manifest are made in one transaction
-        raise problem(503, f"the manifest of {record.version} is missing; retry shortly")
     location = app[VIEW].locations.get(record.location)
     if location is None:
         raise problem(503, f"location {record.location!r} is not known to the service yet")
-    return org.name, record, tag, load_manifest(found.value), location
+    return org.name, record, tag, await manifest(app, record, location), location
 
 
 async def files(

@@ -1,12 +1,14 @@
 """Write a directory version: one begin places the whole directory in one location and
 signs one upload per file (each an object under the version's prefix); one commit checks
-every file in the bucket and makes the version and its manifest in the commit's one
-transaction, so a reader finds no version or the whole directory. Placement, the pending
+every file in the bucket, writes the manifest as an object beside them, and makes the
+version in the commit's one transaction, so a reader finds no version or the whole
+directory. Placement, the pending
 write and the commit's transaction are the write path's (``o41.webhook.writes``)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -18,7 +20,6 @@ from o41.core.directories import (
     MAX_FILES,
     FileEntry,
     check_manifest,
-    dump_manifest,
     from_rows,
     manifest_rows,
     object_key,
@@ -26,14 +27,14 @@ from o41.core.directories import (
 )
 from o41.core.versions import MAX_METADATA_BYTES, MAX_METADATA_KEYS, check_metadata, check_tag
 from o41.core.writes import CommitRefused, Declared, Held, check_commit
-from o41.state import Put
 from o41.storage import ObjectStat
 from o41.webhook.buckets import PARALLEL_CHECKS, UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.scope import ARTIFACT_PATTERN
 from o41.webhook.http.store import STORE
-from o41.webhook.records import manifest_key, new_version
+from o41.webhook.ledger import put_manifest
+from o41.webhook.records import new_version
 from o41.webhook.writes.begin import count_begin, place_new
 from o41.webhook.writes.bodies import PlaceIn
 from o41.webhook.writes.commit import count_write, make_version, to_commit, version_of
@@ -158,7 +159,8 @@ async def commit(
     app: web.Application, namespace: str, version: str, body: DirectoryCommitIn
 ) -> dict[str, Any]:
     """Make a directory version readable, once the bucket holds every file as declared:
-    the version, its index key and its manifest in one transaction."""
+    its manifest object first (beside its files), then the version and its index key in
+    one transaction."""
     store = app[STORE]
     c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=True)
     found, pending, metadata, tag, location, opened = c
@@ -166,13 +168,15 @@ async def commit(
     entries = from_rows(pending.manifest)
     _check_files(version, entries, await _held(opened, location.name, pending.key, entries))
     size = total_size(entries)
-    record = version_of(pending, size, None, metadata, files=len(entries))
-    manifest = Put(
-        manifest_key(pending.organization, pending.artifact, version), dump_manifest(entries)
+    manifest = await put_manifest(
+        opened, location.name, pending.organization, pending.artifact, version, entries
     )
-    made = await make_version(
-        store, pending, found.mod_revision, record, tag, namespace, extra=[manifest]
+    record = replace(
+        version_of(pending, size, None, metadata, files=len(entries)),
+        manifest_sha256=manifest.sha256,
+        manifest_size=manifest.size,
     )
+    made = await make_version(store, pending, found.mod_revision, record, tag, namespace, opened)
     if made:  # only the commit that made the version counts it (not replays)
         count_write(app, pending, location, size)
     return {

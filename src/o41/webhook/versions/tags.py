@@ -1,6 +1,8 @@
 """Tags: move one to a version (compare-and-set when the caller says what it expects),
 delete one, list an artifact's. A move never lands on a version retention is deleting:
-its transaction is guarded by the version record's revision (``o41.webhook.retention``)."""
+its transaction is guarded by the version record's revision (``o41.webhook.retention``).
+Each move and deletion is journaled in the organization's fallback location after its
+transaction and before the answer (``o41.webhook.ledger``), for a rebuild of etcd."""
 
 from __future__ import annotations
 
@@ -10,13 +12,15 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field
 
+from o41.core.ledger import TagMove, micros
 from o41.core.versions import VersionRefused, check_tag, ref_kind
 from o41.state import Compare, Delete, Put
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.bodies import Model
-from o41.webhook.http.errors import problem
+from o41.webhook.http.errors import LocationFailed, problem
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
+from o41.webhook.ledger import write_entry
 from o41.webhook.records import Tag, tag_key, tags_prefix, version_key
 from o41.webhook.records import Version as VersionRecord
 from o41.webhook.versions.refs import check_artifact, deleted_by_retention, resolve
@@ -98,7 +102,7 @@ async def move_tag(
     now = None if current is None else Tag.load(current.value)
     if expects and (None if now is None else now.version) != body.expected:
         raise _lost(artifact, tag, now, body.expected)
-    record = Tag(version=target.version, set=time.time(), namespace=caller.tenant)
+    record = Tag(version=target.version, set=micros(time.time()) / 1e6, namespace=caller.tenant)
     guard = (
         Compare(key, "version", "==", 0)
         if current is None
@@ -117,6 +121,8 @@ async def move_tag(
             None if again is None else Tag.load(again.value),
             body.expected if expects else (None if now is None else now.version),
         )
+    move = TagMove(org.name, artifact, tag, target.version, micros(record.set), caller.tenant)
+    await _journal(app, move, target.location)
     return {
         **_tag_json(artifact, tag, record),
         "previous": None if now is None else now.version,
@@ -149,7 +155,27 @@ async def delete_tag(
     if not result.succeeded:
         again = await store.get(key)
         raise _lost(artifact, tag, None if again is None else Tag.load(again.value), now.version)
+    pointed = await store.get(version_key(org.name, artifact, now.version))
+    near = org.fallback if pointed is None else VersionRecord.load(pointed.value).location
+    gone = TagMove(org.name, artifact, tag, None, micros(time.time()), caller.tenant)
+    await _journal(app, gone, near or "")
     return {"artifact": artifact, "tag": tag, "deleted": now.version}
+
+
+async def _journal(app: web.Application, move: TagMove, near: str) -> None:
+    """The move in the organization's journal, after its transaction (a move that lost
+    its compare is never journaled); a 503 that says the tag did move when the journal's
+    bucket refuses, since a rebuild from the buckets would not know of it."""
+    try:
+        await write_entry(app, move, near)
+    except LocationFailed as e:
+        raise problem(
+            503,
+            f"tag {move.tag!r} of {move.artifact!r} was "
+            f"{'deleted' if move.version is None else 'moved to ' + move.version}, but its "
+            f"journal entry could not be written ({e}): do the same again once the location "
+            "answers, so that a rebuild from the buckets knows of it",
+        ) from None
 
 
 def tag_name(tag: str | None) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from o41 import logs
+from o41.core.ledger import micros
 from o41.core.versions import check_metadata, check_tag, index_suffix
 from o41.core.writes import Declared, Held, WriteRefused, check_commit, etags_problem
 from o41.locations import Location
@@ -20,6 +21,7 @@ from o41.webhook.buckets import OpenBucket, bucket_for
 from o41.webhook.http.errors import problem
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
+from o41.webhook.ledger import put_record
 from o41.webhook.records import (
     ArtifactRecord,
     Pending,
@@ -60,7 +62,9 @@ async def commit(
         None if stat is None else Held(stat.size, stat.md5, stat.crc32),
     )
     record = version_of(pending, held.size, held.md5 or pending.md5, metadata)
-    succeeded = await make_version(store, pending, found.mod_revision, record, tag, namespace)
+    succeeded = await make_version(
+        store, pending, found.mod_revision, record, tag, namespace, opened
+    )
     if succeeded:  # only the commit that made the version counts it (not replays)
         count_write(app, pending, location, held.size)
     return {
@@ -145,7 +149,7 @@ def version_of(
         cloud=pending.cloud,
         region=pending.region,
         source=pending.source,
-        committed=time.time(),
+        committed=micros(time.time()) / 1_000_000,  # exact in the record object too
         metadata=metadata,
         files=files,
         # a reader checks each range of whole parts against these
@@ -183,6 +187,7 @@ async def make_version(
     record: Version,
     tag: str | None,
     namespace: str,
+    opened: OpenBucket,
     extra: Sequence[Put] = (),
 ) -> bool:
     """One transaction turns the pending write into the version: its record, its index
@@ -191,19 +196,30 @@ async def make_version(
     guarded by its revision, so commits of one artifact take sequence numbers one at a
     time; one that loses to another commit of the artifact takes the next number. False
     when another commit of this very write made the version first (a replay). ``extra``:
-    more keys the version comes with (a directory's manifest)."""
+    more keys the version comes with.
+
+    Before each transaction the version's record object is written to its bucket with
+    the number the transaction will take (``o41.webhook.ledger``): a commit acknowledged
+    has its record durable, and a transaction that loses its compare is followed by a PUT
+    of the next number under the same key."""
     org, artifact, version = pending.organization, pending.artifact, pending.version
     akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
     for _ in range(COMMIT_ATTEMPTS):
         current = await store.get(akey)
         if current is None:
             guard = Compare(akey, "version", "==", 0)
-            seq = 1
+            seq, previous = 1, None
         else:
             guard = Compare(akey, "mod", "==", current.mod_revision)
-            seq = ArtifactRecord.load(current.value).count + 1
-        numbered = replace(record, seq=seq)
-        listed = replace(numbered, part_size=None, crc32=None).dump()  # a page stays small
+            head = ArtifactRecord.load(current.value)
+            seq, previous = head.count + 1, head.latest
+            if previous == version:  # made by a replay of this commit meanwhile
+                return await _replayed(store, vkey, opened)
+        numbered = replace(record, seq=seq, previous=previous, by=namespace, tag=tag)
+        await put_record(opened, record.location, numbered)
+        listed = replace(  # a page of a listing stays small: what a listing shows
+            numbered, part_size=None, crc32=None, previous=None, by=None, tag=None
+        ).dump()
         made: list[Delete | Put] = [
             Delete(pending_key(version)),
             Put(vkey, numbered.dump()),
@@ -219,7 +235,7 @@ async def make_version(
         if result.succeeded:
             return True
         if await store.get(vkey) is not None:
-            return False  # made by a replay of this commit
+            return await _replayed(store, vkey, opened)
         still = await store.get(pending_key(version))
         if still is None or still.mod_revision != pending_mod:
             raise problem(409, f"write {version!r} changed while committing; commit again")
@@ -227,3 +243,14 @@ async def make_version(
     raise StoreUnavailable(
         f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
     )
+
+
+async def _replayed(store: Store, vkey: bytes, opened: OpenBucket) -> bool:
+    """Another commit of this write made the version: its record object is written again
+    from etcd's record, since this commit's PUT may have landed after the winner's (the
+    last PUT stands). False: this commit made nothing."""
+    winner = await store.get(vkey)
+    if winner is not None:
+        made = Version.load(winner.value)
+        await put_record(opened, made.location, made)
+    return False
