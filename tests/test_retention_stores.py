@@ -65,6 +65,14 @@ class World:
         return self.service.app
 
     def objects(self, location: str) -> set[str]:
+        """The location's objects of versions (not the buckets' record under .o41/)."""
+        return {k for k in self.keys(location) if not k.startswith(".o41/")}
+
+    def ledger(self, location: str) -> set[str]:
+        """The buckets' record in the location: record, manifest and journal objects."""
+        return {k for k in self.keys(location) if k.startswith(".o41/")}
+
+    def keys(self, location: str) -> set[str]:
         listed = self.sdk.list_objects_v2(Bucket=self.buckets[location]).get("Contents", [])
         return {o["Key"] for o in listed}
 
@@ -199,6 +207,19 @@ async def test_retention_keeps_the_newest_tagged_and_latest_in_every_location(
     assert f"ckpt-a/{new[0]}" not in w.objects("east")
     assert {f"model/{v}" for v in others} <= w.objects("east")  # no rule: every version
     assert len(await w.listed("model")) == 4
+    # the buckets' record follows (issue 32): the deleted versions' record objects are
+    # gone with their bytes, and each deletion is a journal entry in the fallback
+    records = {k for loc in ("east", "west") for k in w.ledger(loc) if "/versions/" in k}
+    assert {f".o41/versions/{ORG}/ckpt-a/{v}" for v in (old[1], *new[1:])} <= records
+    assert not {f".o41/versions/{ORG}/ckpt-a/{v}" for v in (old[0], new[0])} & records
+    journal = [
+        json.loads(w.sdk.get_object(Bucket=w.buckets[loc], Key=k)["Body"].read())
+        for loc in ("east", "west")
+        for k in w.ledger(loc)
+        if "/journal/" in k
+    ]
+    deleted = sorted(e["version"] for e in journal if e["kind"] == "deletion")
+    assert deleted == sorted([old[0], new[0]])
 
     for gone in (old[0], new[0]):
         status, answer = await w.read("ckpt-a", gone)
@@ -419,7 +440,6 @@ async def test_a_directory_version_is_deleted_files_then_records_and_a_stop_is_f
     from o41.storage import StorageError
     from o41.storage.base import Reason
     from o41.storage.s3 import S3Bucket
-    from o41.webhook.records import manifest_key
     from test_directories import sdk
 
     w = world
@@ -456,13 +476,15 @@ async def test_a_directory_version_is_deleted_files_then_records_and_a_stop_is_f
     )
     assert status == 404 and "deleted by the retention rule" in answer["error"], answer
     assert await w.listed("ckpt-d") == versions[:0:-1]
-    assert await w.store.get(manifest_key(ORG, "ckpt-d", gone)) is not None
+    record = f".o41/versions/{ORG}/ckpt-d/{gone}"
+    manifest = f".o41/manifests/{ORG}/ckpt-d/{gone}"
+    assert {record, manifest} <= w.ledger("east")  # deleted last: still there
 
     monkeypatch.setattr(S3Bucket, "delete", real_delete)
     assert await w.app[RETENTION].apply(ORG, "ckpt-d") == 1  # the next pass finishes it
     assert files_of(gone) == set()
-    for key in (version_key(ORG, "ckpt-d", gone), manifest_key(ORG, "ckpt-d", gone)):
-        assert await w.store.get(key) is None
+    assert await w.store.get(version_key(ORG, "ckpt-d", gone)) is None
+    assert not {record, manifest} & w.ledger("east")
     assert len(await w.store.range(index_prefix(ORG, "ckpt-d"))) == 2
     for kept in versions[1:]:
         assert files_of(kept) == every

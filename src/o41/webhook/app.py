@@ -38,6 +38,7 @@ from o41.webhook.writes import routes as writes_routes
 from o41.webhook.writes.backfill import backfilling
 from o41.webhook.writes.batching import BATCHER, PutBatcher
 from o41.webhook.writes.pending import LEASES, PendingLease
+from o41.webhook.writes.records_backfill import backfilling_records
 from o41.webhook.writes.sweeper import sweeping
 
 __all__ = ["Settings", "make_app", "rebuild_app"]
@@ -210,6 +211,7 @@ def make_app(
     app.cleanup_ctx.append(sweeping)  # aborts the uploads of expired writes
     app.cleanup_ctx.append(retaining)  # deletes the versions retention rules let go
     app.cleanup_ctx.append(backfilling)  # indexes versions committed before the index
+    app.cleanup_ctx.append(backfilling_records)  # record objects of versions from before
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
