@@ -14,6 +14,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -26,7 +27,7 @@ from o41.testbed.etcd import EtcdCluster
 from o41.testbed.kube import Kube
 from o41.testbed.product import NAMESPACE, SAFE_ENV
 from o41.testbed.stores import S3Store
-from o41.webhook.records import PREFIX
+from o41.webhook.records import PREFIX, Tag, tag_key
 
 from fixtures.world import World
 
@@ -66,6 +67,21 @@ def lose_etcd(etcd: EtcdCluster, organization: str) -> None:
         try:
             for kind in ("versions", "index", "artifacts", "tags", "manifests"):
                 await store.delete(PREFIX + f"{kind}/{organization}/".encode(), prefix=True)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def stale_tags(etcd: EtcdCluster, organization: str, tags: dict[str, str]) -> None:
+    """Tags of ``model`` as an older etcd held them: set an hour before now."""
+
+    async def go() -> None:
+        store = open_store(etcd.endpoints)
+        try:
+            for tag, version in tags.items():
+                stale = Tag(version, time.time() - 3600, "team-a")
+                await store.put(tag_key(organization, "model", tag), stale.dump())
         finally:
             await store.close()
 
@@ -153,9 +169,13 @@ def test_a_lost_index_is_rebuilt_from_the_buckets_byte_for_byte(
     status, _ = world.api("GET", f"/v1/organizations/{world.org}/artifacts/model/versions/latest")
     assert status == 404  # a dry run writes nothing
 
+    # as etcd restored from a snapshot taken before the last tag moves: `best` still at
+    # the first version, `gone` not yet deleted; the journal's newer moves win
+    stale_tags(state_etcd, world.org, {"best": first, "gone": first})
+
     done = rebuild(world, state_etcd)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "written: 4 versions, 2 artifact records, 2 tags" in done.stdout, done.stdout
+    assert "written: 4 versions, 2 artifact records, 3 tags" in done.stdout, done.stdout
     after = {a: seen(world, a) for a in ("model", "ckpt")}
     assert after == before
     for version, data in model.items():

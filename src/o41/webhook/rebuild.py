@@ -11,7 +11,8 @@ Writing is idempotent, so a rebuild stopped halfway is resumed by running it aga
 - an artifact's record (``latest``, the sequence counter) is put where etcd has none, or
   moved forward where the buckets know of more commits than etcd (etcd restored from an
   older snapshot), never back;
-- a tag is put where etcd's differs and the journal's move is newer than etcd's;
+- a tag is put where etcd's differs and the journal's move is newer than etcd's, and
+  deleted where the journal's last move of it, newer than etcd's, deleted it;
 - a version the journal says retention deleted is removed from etcd (a snapshot taken
   before the deletion brings it back; its objects are gone).
 
@@ -41,6 +42,8 @@ from o41.core.ledger import (
     Index,
     LedgerRefused,
     Rebuilt,
+    TagMove,
+    TagRef,
     VersionRecord,
     diff,
     doubtful,
@@ -59,6 +62,7 @@ from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
 from o41.webhook.records import (
+    PREFIX,
     ArtifactRecord,
     Tag,
     Version,
@@ -67,7 +71,6 @@ from o41.webhook.records import (
     index_prefix,
     tag_key,
     version_key,
-    versions_prefix,
 )
 from o41.webhook.writes.backfill import legacy_suffix
 
@@ -182,20 +185,19 @@ async def current_index(store: Store, organization: str) -> tuple[Index, dict[An
     artifacts: dict[Any, Any] = {}
     tags: dict[Any, Any] = {}
     tag_records: dict[Any, Any] = {}
-    aprefix = artifacts_prefix(organization)
-    for kv in await _range_all(store, aprefix):
+    for kv in await _range_all(store, artifacts_prefix(organization)):
         head = ArtifactRecord.load(kv.value)
         artifacts[(organization, head.artifact)] = (head.latest, head.count)
-        for vkv in await _range_all(store, versions_prefix(organization, head.artifact)):
-            v = Version.load(vkv.value)
-            fields = {n: getattr(v, n) for n in Version.__dataclass_fields__}
-            versions[(organization, v.artifact, v.version)] = fields
-        tprefix = tag_key(organization, head.artifact, "")
-        for tkv in await _range_all(store, tprefix):
-            name = tkv.key[len(tprefix) :].decode()
-            t = Tag.load(tkv.value)
-            tags[(organization, head.artifact, name)] = t.version
-            tag_records[(organization, head.artifact, name)] = t
+    for kv in await _range_all(store, PREFIX + f"versions/{organization}/".encode()):
+        v = Version.load(kv.value)
+        fields = {n: getattr(v, n) for n in Version.__dataclass_fields__}
+        versions[(organization, v.artifact, v.version)] = fields
+    tprefix = PREFIX + f"tags/{organization}/".encode()
+    for kv in await _range_all(store, tprefix):
+        artifact, _, name = kv.key[len(tprefix) :].decode().partition("/")
+        t = Tag.load(kv.value)
+        tags[(organization, artifact, name)] = t.version
+        tag_records[(organization, artifact, name)] = t
     return Index(versions, artifacts, tags), tag_records
 
 
@@ -209,8 +211,23 @@ async def _range_all(store: Store, prefix: bytes) -> list[Any]:
         start = page[-1].key + b"\0"
 
 
+def deleted_tags(entries: Iterable[Entry]) -> dict[TagRef, int]:
+    """Each tag whose last journaled move deleted it: when."""
+    last: dict[TagRef, tuple[int, str | None]] = {}
+    for e in entries:
+        if isinstance(e, TagMove):
+            ref = (e.organization, e.artifact, e.tag)
+            if ref not in last or last[ref] < (e.when_us, e.version):
+                last[ref] = (e.when_us, e.version)
+    return {ref: when for ref, (when, version) in last.items() if version is None}
+
+
 async def apply(
-    store: Store, rebuilt: Rebuilt, tag_records: dict[Any, Any], report: Report
+    store: Store,
+    rebuilt: Rebuilt,
+    tag_records: dict[Any, Any],
+    report: Report,
+    tags_deleted: dict[TagRef, int],
 ) -> None:
     """Write into etcd what it lacks of ``rebuilt`` (see the module's rules)."""
     for ref, record in sorted(rebuilt.records.items()):
@@ -258,6 +275,12 @@ async def apply(
         moved = Tag(tag.version, tag.set_us / 1e6, tag.by)
         await store.put(key, moved.dump())
         report.tags_set += 1
+    for tref, when in sorted(tags_deleted.items()):
+        held = tag_records.get(tref)
+        if tref not in rebuilt.tags and held is not None and micros(held.set) < when:
+            key = tag_key(*tref)
+            await store.txn([Compare(key, "version", "!=", 0)], [Delete(key)])
+            report.tags_set += 1
     for (org, artifact, v), _seq in sorted(rebuilt.deleted.items()):
         vkey = version_key(org, artifact, v)
         found = await store.get(vkey)
@@ -303,7 +326,7 @@ async def rebuild_organization(
     current, tag_records = await current_index(store, organization)
     report.differences = diff(rebuilt.index(), current)
     if not dry_run:
-        await apply(store, rebuilt, tag_records, report)
+        await apply(store, rebuilt, tag_records, report, deleted_tags(found.entries))
     return report
 
 
