@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -45,6 +46,7 @@ from o41.core.ledger import (
     TagMove,
     TagRef,
     VersionRecord,
+    VersionRef,
     diff,
     doubtful,
     micros,
@@ -132,7 +134,7 @@ async def read_location(
             return key, await opened.call(name, lambda: bucket.get(key))
 
         keys = sorted(records) + sorted(entries)
-        got = await _bounded([lambda k=k: fetch(k) for k in keys], PARALLEL_CHECKS)  # type: ignore[misc]
+        got = await _bounded([functools.partial(fetch, k) for k in keys], PARALLEL_CHECKS)
     except LocationFailed as e:
         found.unreachable[location.name] = str(e.error)
         say(f"location {location.name}: NOT READ ({e.error}); the rest is rebuilt without it")
@@ -230,7 +232,8 @@ async def apply(
     tags_deleted: dict[TagRef, int],
 ) -> None:
     """Write into etcd what it lacks of ``rebuilt`` (see the module's rules)."""
-    for ref, record in sorted(rebuilt.records.items()):
+
+    async def put_version(ref: VersionRef, record: VersionRecord) -> bool:
         org, artifact, v = ref
         version = Version(**version_fields(record))
         suffix = index_suffix(record.seq, v) if record.seq else legacy_suffix(version)
@@ -252,7 +255,13 @@ async def apply(
                 Put(index_prefix(org, artifact) + suffix.encode(), listed.dump()),
             ],
         )
-        report.versions_added += int(done.succeeded)
+        return bool(done.succeeded)
+
+    added = await _bounded(  # each guarded by its own key's absence: safe side by side
+        [functools.partial(put_version, ref, r) for ref, r in sorted(rebuilt.records.items())],
+        PARALLEL_CHECKS,
+    )
+    report.versions_added += sum(added)
     for (org, artifact), state in sorted(rebuilt.artifacts.items()):
         akey = artifact_key(org, artifact)
         head = ArtifactRecord(artifact, state.latest, state.committed_us / 1e6, state.count)
@@ -315,7 +324,7 @@ async def rebuild_organization(
     asked = doubtful(found.records, found.entries)
     say(f"organization {organization}: checking the objects of {len(asked)} versions")
     answers = await _bounded(
-        [lambda r=r: objects_check_out(app, r) for r in asked],  # type: ignore[misc]
+        [functools.partial(objects_check_out, app, r) for r in asked],
         PARALLEL_CHECKS,
     )
     checked = {r.ref: ok for r, ok in zip(asked, answers, strict=True)}
