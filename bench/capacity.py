@@ -9,12 +9,20 @@ o41.webhook.usage.counters.Usage, collection entries through the collections' HT
 (o41.webhook.collections, the real handler). After each kind: compaction to the current
 revision and a defragmentation, then etcd's dbSize from its status endpoint.
 
+Versions as a commit puts them since issue 32 (o41.webhook.writes.commit.make_version: the
+version's record with previous, by and tag, its index key, the artifact's record, a tag
+on one version in 50), a file version and directory versions of 100 and 1,000 files, with
+the directory's manifest in etcd as before issue 32 (the ``manifests/`` key, the records
+without the new fields) and after (an object in the bucket, etcd keeping its SHA-256 and
+size); and what each version costs in its bucket: its record object and manifest object
+(o41.webhook.ledger, into a bucket that only counts the bytes PUT).
+
 Then a second member with a small --quota-backend-bytes is filled until etcd raises its
 NOSPACE alarm, and the answers of the store and of the collections' HTTP service are
 printed as a client sees them, with what still works, and the recovery (compact,
 defragment, disarm).
 
-    .venv/bin/python bench/capacity.py [--records 20000] [--quota-mib 16]
+    .venv/bin/python bench/capacity.py [--records 20000] [--directories 2000] [--quota-mib 16]
 """
 
 from __future__ import annotations
@@ -30,8 +38,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +51,10 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 
 from o41.collections.keys import encode_key  # noqa: E402
 from o41.collections.values import dumps  # noqa: E402
+from o41.core.directories import FileEntry, check_manifest, dump_manifest  # noqa: E402
+from o41.core.directories import manifest_rows as rows_of  # noqa: E402
+from o41.core.ledger import manifest_object, record_key  # noqa: E402
+from o41.core.versions import index_suffix  # noqa: E402
 from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.testbed.kube import bin_dir  # noqa: E402
@@ -52,12 +64,26 @@ from o41.testbed.process import LOOPBACK, Server, free_port  # noqa: E402
 from o41.testbed.standin_bucket import Storage  # noqa: E402
 from o41.testbed.usage import FakeReviewer  # noqa: E402
 from o41.webhook import app as service_app  # noqa: E402
+from o41.webhook.buckets import OpenBucket  # noqa: E402
 from o41.webhook.collections.quota import Limits  # noqa: E402
 from o41.webhook.collections.service import Options  # noqa: E402
 from o41.webhook.collections.standalone import make_app  # noqa: E402
 from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
-from o41.webhook.records import Pending, Version, pending_key, version_key  # noqa: E402
+from o41.webhook.ledger import put_manifest, record_of  # noqa: E402
+from o41.webhook.records import (  # noqa: E402
+    ArtifactRecord,
+    Pending,
+    Tag,
+    Version,
+    artifact_key,
+    index_prefix,
+    manifest_key,
+    pending_key,
+    tag_key,
+    version_key,
+)
 from o41.webhook.usage.counters import Usage, rollup_prefix  # noqa: E402
+from o41.webhook.writes.commit import make_version, version_of  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -150,8 +176,16 @@ def artifact(i: int) -> str:
     return f"nlp/llama-8b-sft/run-{i % 1000:04d}/checkpoint"
 
 
-def pending(i: int, version: str, parts: int = 1) -> Pending:
-    name = artifact(i)
+def artifact_named(phase: str, i: int, artifacts: int) -> str:
+    """An artifact's name as the service takes it today (no ``/``; o41.webhook.http.scope),
+    as long as :func:`artifact`'s, one of ``artifacts`` of a ``phase`` (a letter): each
+    kind of version measured has artifacts of its own, so that moving their artifact
+    records (and tags) drops nothing of another kind's from the database."""
+    return f"nlp.llama-8b-sft.run-{phase}{i % artifacts:03d}.checkpoint"
+
+
+def pending(i: int, version: str, parts: int = 1, name: str | None = None) -> Pending:
+    name = artifact(i) if name is None else name
     multipart = parts > 1
     return Pending(
         organization=ORG,
@@ -214,6 +248,248 @@ async def commit(store: EtcdStore, p: Pending) -> None:
     assert result.succeeded
 
 
+# --- a version as a commit puts it since issue 32 --------------------------------------------
+
+NAMESPACE = "team-a"  # the tenant that commits: the record's `by`
+TAG_EVERY = 50  # one commit in this many moves a tag ("stable") to its version
+# The fields issue 32 added to etcd's version record: absent from a record made before.
+NEW_FIELDS = ("previous", "by", "tag", "manifest_sha256", "manifest_size")
+
+
+class CountingBucket:
+    """A bucket that keeps only the size of each object PUT into it: the record and
+    manifest objects a commit writes (o41.webhook.ledger)."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+
+    def put(self, key: str, data: bytes) -> None:
+        self.sizes[key] = len(data)
+
+
+def directory_files(n: int) -> list[FileEntry]:
+    """A sharded checkpoint's files: ``shards/part-00042.safetensors``, up to 4 GiB each."""
+    return [
+        FileEntry(
+            f"shards/part-{k:05d}.safetensors",
+            2**20 + secrets.randbelow(4 * GiB),
+            secrets.token_hex(16),
+        )
+        for k in range(n)
+    ]
+
+
+def directory_pending(i: int, version: str, name: str, entries: list[FileEntry]) -> Pending:
+    """What a directory's begin stores (o41.webhook.directories.write): the manifest's rows
+    ride in the pending record."""
+    p = pending(i, version, name=name)
+    return replace(
+        p,
+        size=sum(e.size for e in entries),
+        md5=None,
+        parts=len(entries),
+        manifest=rows_of(sorted(entries)),
+    )
+
+
+def before_32(record: Version) -> bytes:
+    """``record`` as a replica before issue 32 stored it: without the new fields."""
+    data = json.loads(record.dump())
+    return json.dumps(
+        {k: v for k, v in data.items() if k not in NEW_FIELDS}, separators=(",", ":")
+    ).encode()
+
+
+def listed_key(v: Version) -> tuple[bytes, Version]:
+    """A version's index key and the copy it holds (make_version's ``listed``)."""
+    key = index_prefix(v.organization, v.artifact) + index_suffix(v.seq, v.version).encode()
+    return key, replace(v, part_size=None, crc32=None, previous=None, by=None, tag=None)
+
+
+@dataclass
+class Committed:
+    """One committed version's bytes: in etcd (keys + values it added, the artifact's
+    record not counted: it is overwritten) and in its bucket."""
+
+    etcd: int
+    record_object: int = 0
+    manifest_object: int = 0
+
+
+async def begin_version(
+    store: EtcdStore, lease: int, i: int, name: str, entries: list[FileEntry] | None
+) -> Pending:
+    version = version_id(i)
+    p = (
+        pending(i, version, name=name)
+        if entries is None
+        else directory_pending(i, version, name, entries)
+    )
+    await store.put(pending_key(p.version), p.dump(), lease=lease)
+    return p
+
+
+async def commit_now(
+    store: EtcdStore,
+    opened: OpenBucket,
+    lease: int,
+    i: int,
+    name: str,
+    entries: list[FileEntry] | None = None,
+) -> Committed:
+    """Begin, then commit as the service does since issue 32: the manifest object and the
+    record object PUT to the bucket, then make_version's transaction (the version's
+    record with previous, by and tag; its index key; the artifact's record; the tag)."""
+    bucket = opened.bucket
+    assert isinstance(bucket, CountingBucket)
+    p = await begin_version(store, lease, i, name, entries)
+    found = await store.get(pending_key(p.version))
+    assert found is not None
+    files = None if entries is None else len(entries)
+    record = version_of(p, p.size or 0, p.md5, p.metadata, files=files)
+    manifest = 0
+    if entries is not None:
+        ref = await put_manifest(opened, LOCATION, ORG, p.artifact, p.version, entries)
+        record = replace(record, manifest_sha256=ref.sha256, manifest_size=ref.size)
+        manifest = bucket.sizes[ref.key]
+        assert manifest == len(manifest_object(ORG, p.artifact, p.version, entries)[1])
+    tag = "stable" if i % TAG_EVERY == 0 else None
+    made = await make_version(store, p, found.mod_revision, record, tag, NAMESPACE, opened)
+    assert made
+    got = await store.get(version_key(ORG, p.artifact, p.version))
+    assert got is not None
+    v = Version.load(got.value)
+    assert v.by == NAMESPACE and v.tag == tag
+    index, listed = listed_key(v)
+    etcd = len(got.key) + len(got.value) + len(index) + len(listed.dump())
+    if tag is not None:
+        moved = Tag(v.version, v.committed, NAMESPACE).dump()
+        etcd += len(tag_key(ORG, v.artifact, tag)) + len(moved)
+    obj = bucket.sizes[record_key(ORG, v.artifact, v.version)]
+    assert obj == len(record_of(v).canonical())
+    return Committed(etcd, obj, manifest)
+
+
+async def commit_before(
+    store: EtcdStore, lease: int, i: int, name: str, entries: list[FileEntry] | None = None
+) -> Committed:
+    """Begin, then commit as the service did before issue 32 (make_version of then): one
+    transaction puts the version's record (no previous, by, tag, manifest hash), its index
+    key, the artifact's record, the tag, and a directory's manifest under ``manifests/``."""
+    p = await begin_version(store, lease, i, name, entries)
+    found = await store.get(pending_key(p.version))
+    assert found is not None
+    org, name, version = p.organization, p.artifact, p.version
+    akey = artifact_key(org, name)
+    files = None if entries is None else len(entries)
+    record = version_of(p, p.size or 0, p.md5, p.metadata, files=files)
+    for _ in range(20):
+        current = await store.get(akey)
+        if current is None:
+            guard, seq = Compare(akey, "version", "==", 0), 1
+        else:
+            guard = Compare(akey, "mod", "==", current.mod_revision)
+            seq = ArtifactRecord.load(current.value).count + 1
+        numbered = replace(record, seq=seq)
+        vkey, vvalue = version_key(org, name, version), before_32(numbered)
+        index = index_prefix(org, name) + index_suffix(seq, version).encode()
+        listed = before_32(replace(numbered, part_size=None, crc32=None))
+        made: list[Delete | Put] = [
+            Delete(pending_key(version)),
+            Put(vkey, vvalue),
+            Put(index, listed),
+            Put(akey, ArtifactRecord(name, version, record.committed, seq).dump()),
+        ]
+        etcd = len(vkey) + len(vvalue) + len(index) + len(listed)
+        if entries is not None:
+            mkey, rows = manifest_key(org, name, version), dump_manifest(check_manifest(entries))
+            made.append(Put(mkey, rows))
+            etcd += len(mkey) + len(rows)
+        if i % TAG_EVERY == 0:
+            tkey, moved = tag_key(org, name, "stable"), Tag(version, record.committed, NAMESPACE)
+            made.append(Put(tkey, moved.dump()))
+            etcd += len(tkey) + len(moved.dump())
+        pending_guard = Compare(pending_key(version), "mod", "==", found.mod_revision)
+        if (await store.txn([pending_guard, guard], made)).succeeded:
+            return Committed(etcd)
+    raise RuntimeError(f"artifact {name!r}: 20 commits in a row ahead of this one")
+
+
+@dataclass
+class Ledgered:
+    """A kind of version: its bytes in etcd (measured) and in its bucket (summed)."""
+
+    etcd: Measured
+    record_object: float  # bytes a version, in its bucket
+    manifest_object: float
+
+
+async def ledger_sizes(
+    etcd: Etcd, store: EtcdStore, lease: int, n: int, directories: int
+) -> list[Ledgered]:
+    """Bytes a committed version costs in etcd, before issue 32 and now, and in its bucket:
+    a file version (``n`` of them), directory versions of 100 files (``directories``) and
+    of 1,000 files (a tenth as many)."""
+    opened = OpenBucket(CountingBucket(), signs_locally=True)  # type: ignore[arg-type]
+    phases = iter("abcdef")
+    found: list[Ledgered] = []
+    found += await ledger_shape(etcd, store, opened, lease, phases, "file version", n, None)
+    for files, count in ((100, directories), (1000, max(1, directories // 10))):
+        what = f"directory version, {files:,} files"
+        found += await ledger_shape(etcd, store, opened, lease, phases, what, count, files)
+    return found
+
+
+async def ledger_shape(
+    etcd: Etcd,
+    store: EtcdStore,
+    opened: OpenBucket,
+    lease: int,
+    phases: Iterator[str],
+    what: str,
+    count: int,
+    files: int | None,
+) -> list[Ledgered]:
+    """``count`` versions of one shape committed as before issue 32, then as now, each
+    over artifacts of its own, about 20 versions each: every commit but an artifact's
+    first has a previous, and moves the artifact's record (overwritten: not counted)."""
+    # one file list for all: the bytes do not depend on which paths
+    entries = None if files is None else directory_files(files)
+    width = 64 if files is None else 16
+    artifacts = min(1000, max(width, count // 20))
+    old = "before issue 32" + ("" if files is None else " (manifests/ key)")
+    then_phase, now_phase = next(phases), next(phases)
+
+    async def before() -> int:
+        async def one(i: int) -> int:
+            name = artifact_named(then_phase, i, artifacts)
+            return (await commit_before(store, lease, i, name, entries)).etcd
+
+        return await in_batches(count, one, width)
+
+    made: list[Committed] = []
+
+    async def now() -> int:
+        async def one(i: int) -> int:
+            name = artifact_named(now_phase, i, artifacts)
+            c = await commit_now(store, opened, lease, i, name, entries)
+            made.append(c)
+            return c.etcd
+
+        return await in_batches(count, one, width)
+
+    then = await measure(etcd, f"{what}, {old}", count, before)
+    measured = await measure(etcd, f"{what}, now", count, now)
+    record_bytes = sum(c.record_object for c in made) / count
+    manifest_bytes = sum(c.manifest_object for c in made) / count
+    print(
+        f"  {'':44} in its bucket: record object {record_bytes:,.0f} B, "
+        f"manifest object {manifest_bytes:,.0f} B",
+        flush=True,
+    )
+    return [Ledgered(then, 0, 0), Ledgered(measured, record_bytes, manifest_bytes)]
+
+
 def write_dims(i: int) -> dict[str, str | None]:
     """A write counter's dimensions (o41.webhook.writes.commit's), one place each."""
     region = f"us-east-{i}"
@@ -271,10 +547,13 @@ async def measure(
     return m
 
 
-async def sizes(directory: Path, n: int) -> list[Measured]:
+async def sizes(
+    directory: Path, n: int, directories: int = 0
+) -> tuple[list[Measured], list[Ledgered]]:
     etcd = Etcd(directory / "sizes").start()
     store = EtcdStore([etcd.url], timeout=30)
     found = []
+    ledgered: list[Ledgered] = []
     try:
         print(f"etcd {etcd.status()['version']}, {n:,} records of each kind", flush=True)
         lease = await store.lease_grant(3600)
@@ -321,10 +600,18 @@ async def sizes(directory: Path, n: int) -> list[Measured]:
 
         found.append(await measure(etcd, "usage counter record (one hour, place)", 2 * n, usage))
         found.append(await collection_entries(etcd, n))
+        if directories:
+            print(
+                f"versions as a commit puts them, before issue 32 and now: {n:,} file versions, "
+                f"{directories:,} directories of 100 files, {max(1, directories // 10):,} of "
+                "1,000",
+                flush=True,
+            )
+            ledgered = await ledger_sizes(etcd, store, lease, n, directories)
     finally:
         await store.close()
         etcd.stop()
-    return found
+    return found, ledgered
 
 
 def entry_value(i: int) -> bytes:
@@ -547,16 +834,59 @@ def plan(found: list[Measured]) -> None:
         print(f"  days to {quota / GiB:g} GiB: {quota / daily:,.1f}")
 
 
+def plan_ledger(found: list[Ledgered], records: list[Measured]) -> None:
+    """Versions per GiB of etcd's quota, growth at the load of :func:`plan` with versions
+    as a commit puts them, and the bucket's bytes per million versions."""
+    print("\nversions per GiB of etcd quota (dbSize after compaction + defrag):")
+    for kind in found:
+        m = kind.etcd
+        print(
+            f"  {m.kind:64} {m.per_record:7,.0f} B {GiB / m.per_record:10,.0f} / GiB"
+            f" ({0.8 * 2 * GiB / m.per_record:10,.0f} in 80 % of 2 GiB,"
+            f" {0.8 * 8 * GiB / m.per_record:10,.0f} of 8 GiB)"
+        )
+    per = {m.etcd.kind: m.etcd.per_record for m in found}
+    version = per.get("file version, now")
+    usage = {m.kind: m.per_record for m in records}.get("usage counter record (one hour, place)")
+    if version is not None and usage is not None:
+        per_day = 1000 * 6 * 24
+        counters = 50 * 3 * (24 + 1) * usage
+        daily = per_day * version + counters
+        print(
+            f"  1,000 jobs, a file version every 10 min: {daily / MiB:,.1f} MiB/day "
+            f"({per_day * version / MiB:,.1f} versions + {counters / MiB:,.2f} usage); "
+            f"2 GiB in {2 * GiB / daily:,.1f} days, 8 GiB in {8 * GiB / daily:,.1f}"
+        )
+    print("\nin the buckets, a million versions:")
+    for kind in found:
+        if kind.record_object:
+            m = kind.etcd
+            total = kind.record_object + kind.manifest_object
+            print(
+                f"  {m.kind:60} {kind.record_object * 1e6 / GiB:6.2f} GiB of record objects"
+                f" + {kind.manifest_object * 1e6 / GiB:6.2f} GiB of manifest objects"
+                f" = {total * 1e6 / GiB:6.2f} GiB"
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20_000, help="records of each kind")
+    parser.add_argument(
+        "--directories",
+        type=int,
+        default=2_000,
+        help="directory versions of 100 files measured (of 1,000 files: a tenth); 0: none",
+    )
     parser.add_argument("--quota-mib", type=float, default=16, help="the small etcd's quota")
     parser.add_argument("--skip-quota", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     with tempfile.TemporaryDirectory(prefix="o41-capacity-") as tmp:
-        found = asyncio.run(sizes(Path(tmp), args.records))
+        found, ledgered = asyncio.run(sizes(Path(tmp), args.records, args.directories))
         plan(found)
+        if ledgered:
+            plan_ledger(ledgered, found)
         if not args.skip_quota:
             print(f"\nNOSPACE (--quota-backend-bytes={int(args.quota_mib * MiB)}):")
             for what, answer in asyncio.run(nospace(Path(tmp), int(args.quota_mib * MiB))).items():
