@@ -14,8 +14,12 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -26,9 +30,11 @@ from o41.state import open_store
 from o41.testbed.etcd import EtcdCluster
 from o41.testbed.kube import Kube
 from o41.testbed.product import NAMESPACE, SAFE_ENV
+from o41.testbed.product import PlacementProcess as PlacementService
 from o41.testbed.stores import S3Store
 from o41.webhook.records import PREFIX, Tag, tag_key
 
+from fixtures.placement import BreakableEndpoint
 from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
@@ -285,3 +291,83 @@ def test_a_location_that_cannot_be_listed_is_named_and_the_rest_rebuilt(
     whole = rebuild(world, state_etcd)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert seen(world, "far")["latest"] == there["version"]
+
+
+def test_a_service_killed_between_the_record_put_and_the_transaction_loses_nothing(
+    world: World, state_etcd: EtcdCluster, kube: Kube, s3: S3Store, tmp_path_factory: Any
+) -> None:
+    """A service of its own, its Location's bucket behind a proxy that lets the record
+    object's PUT reach the store and never answers it; the service is killed (SIGKILL)
+    there, before its transaction. The writer was never told it committed; the version is
+    not in etcd; the rebuild restores it, since its bytes are whole in the bucket."""
+    proxy = BreakableEndpoint(s3.endpoint).start()
+    own = PlacementService(
+        kube.kubeconfig, state_etcd.endpoints, tmp_path_factory.mktemp("killed")
+    ).start()
+    try:
+        west = world.location(
+            f"aws-kill-{uuid.uuid4().hex[:4]}", "aws", "ap-south-1",
+            {"s3": {"endpoint": proxy.url}}, world.credentials["s3"],
+        )  # fmt: skip
+        world.ready(west)
+        data = b"checkpoint the service died committing"
+        body = {
+            "organization": world.org,
+            "artifact": "killed",
+            "size": len(data),
+            "place": {"cloud": "aws", "region": "ap-south-1", "source": "env"},
+        }
+        status, began = call(own.url, world.team_a, "POST", "/v1/writes", body)
+        assert status == 201 and began["location"] == west, began
+        single = began["upload"]["single"]
+        upload = urllib.request.Request(
+            single["url"], data=data, method="PUT", headers=single["headers"]
+        )
+        urllib.request.urlopen(upload, timeout=30).close()
+        proxy.hold = f"/.o41/versions/{world.org}/killed/"
+        committing = threading.Thread(
+            target=call,
+            args=(own.url, world.team_a, "POST", f"/v1/writes/{began['version']}/commit", {}),
+            daemon=True,
+        )
+        committing.start()
+        assert proxy.held.wait(30), "the commit never PUT its record object"
+        assert own.server is not None
+        own.server.kill()  # between the record's PUT and the transaction
+        committing.join(30)
+        own.stop()
+        proxy.release()
+        version = began["version"]
+        path = f"/v1/organizations/{world.org}/artifacts/killed/versions/{version}"
+        status, _ = world.api("GET", path)
+        assert status == 404  # never committed in etcd: nobody was told it was
+        dry = rebuild(world, state_etcd, "--dry-run")
+        line = f"version {version} (sequence 1) is in the buckets' records, not in etcd"
+        assert line in dry.stdout, dry.stdout
+        done = rebuild(world, state_etcd)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert seen(world, "killed")["latest"] == version
+        back = world.read(version, world.team_a, place=("aws", "us-east-1"), artifact="killed")
+        assert back[1] == data
+    finally:
+        own.stop()
+        proxy.stop()
+
+
+def call(url: str, token: Path, method: str, path: str, body: Any) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={
+            "Authorization": f"Bearer {token.read_text()}",
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        return 0, str(e)
