@@ -10,6 +10,11 @@
 # left in the image.
 
 ARG PYTHON=3.11-slim-bookworm
+# etcdutl of the chart's etcd release (etcd.image), for the etcd members' restore step
+# (docs/operations.md, "Backups and restore"): the official etcd image carries it.
+ARG ETCD_IMAGE=quay.io/coreos/etcd:v3.6.16
+
+FROM ${ETCD_IMAGE} AS etcd
 
 FROM python:${PYTHON} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
@@ -24,6 +29,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     MALLOC_ARENA_MAX=2
 COPY --from=build /wheels /wheels
+COPY --from=etcd /usr/local/bin/etcdutl /usr/local/bin/etcdutl
 COPY requirements/lock.txt /tmp/lock.txt
 RUN pip install --no-index --find-links /wheels --constraint /tmp/lock.txt o41-artifacts \
     && rm -rf /wheels /tmp/lock.txt \

@@ -10,7 +10,9 @@
 #   with --pull=never, so nothing is ever fetched from a registry. The host's CA bundle is
 #   mounted for pip (PyPI through this machine's TLS setup). Debian's Python is 3.11.2, not
 #   the official image's 3.11.x: what the image runs is Debian's.
-# - etcd: FROM scratch, the test bed's etcd binary (hack/testbed-bin.sh), uid 10001.
+# - etcd: FROM scratch, the test bed's etcd and etcdutl (hack/testbed-bin.sh), uid 10001,
+#   at the official image's paths; also tagged as the official image the Dockerfile copies
+#   etcdutl from (ETCD_PUBLIC), so the app's build takes it from here with --pull=never.
 # - pause: the pod sandbox's pause, a static build of Kubernetes' own pause.c.
 #
 # Cached by content: each tag is a hash of what goes into the image, and a build happens
@@ -30,6 +32,7 @@ BASE_PACKAGES=python3,python3-pip,python-is-python3,ca-certificates
 APP_REPO=localhost/o41-artifacts
 PUBLIC_NAME=ghcr.io/o41/o41-artifacts # the chart's default repository
 PAUSE_VERSION=3.10.2 # what kubeadm v1.37 uses
+ETCD_PUBLIC=quay.io/coreos/etcd # the Dockerfile's ETCD_IMAGE, at the pinned ETCD_VERSION
 
 podman_env() {
   cat <<EOF
@@ -77,10 +80,12 @@ app_hash() {
   { cat Dockerfile .dockerignore pyproject.toml README.md requirements/lock.txt
     find src -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -name '*.pyc' \
       -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-    echo "base $(base_hash)"; } | hash_of
+    echo "base $(base_hash)"
+    echo "etcd $(etcd_ref)"; } | hash_of # etcdutl comes from the etcd image
 }
 base_hash() { echo "$SUITE $BASE_PACKAGES hook-v1" | hash_of; }
 etcd_bin() { echo "$(hack/testbed-bin.sh --print)/etcd"; }
+etcdutl_bin() { echo "$(hack/testbed-bin.sh --print)/etcdutl"; }
 pinned() { sed -n "s/^$1=\${$1:-\(.*\)}\$/\1/p" hack/testbed-bin.sh; }
 # Kubernetes' own pause.c, from the module the test bed's kube binaries are built from
 pause_src() {
@@ -92,8 +97,8 @@ pause_src() {
 app_ref() { echo "$APP_REPO:$(app_hash)"; }
 etcd_ref() {
   local v; v=$(pinned ETCD_VERSION)
-  if [[ -x "$(etcd_bin)" ]]; then
-    echo "localhost/o41-etcd:$v-$(sha256sum <"$(etcd_bin)" | cut -c1-8)"
+  if [[ -x "$(etcd_bin)" && -x "$(etcdutl_bin)" ]]; then
+    echo "localhost/o41-etcd:$v-$(cat "$(etcd_bin)" "$(etcdutl_bin)" | sha256sum | cut -c1-8)"
   else
     echo "localhost/o41-etcd:$v-unbuilt"
   fi
@@ -175,11 +180,13 @@ build_etcd() {
   if ! have "$ref"; then
     local ctx; ctx=$(mktemp -d "$CACHE/build/etcd-image.XXXX")
     cp "$(etcd_bin)" "$ctx/etcd"
+    cp "$(etcdutl_bin)" "$ctx/etcdutl"
     # etcd writes only its data dir (a volume); numeric ids so runAsNonRoot can check them
-    printf 'FROM scratch\nCOPY etcd /usr/local/bin/etcd\nUSER 10001:10001\nENTRYPOINT ["/usr/local/bin/etcd"]\n' >"$ctx/Containerfile"
+    printf 'FROM scratch\nCOPY etcd etcdutl /usr/local/bin/\nUSER 10001:10001\nENTRYPOINT ["/usr/local/bin/etcd"]\n' >"$ctx/Containerfile"
     timed etcd-image podman build --pull=never --network=host -t "$ref" "$ctx" >&2
     rm -rf "$ctx"
   fi
+  podman tag "$ref" "$ETCD_PUBLIC:$(pinned ETCD_VERSION)" >&2
   save "$ref"
 }
 

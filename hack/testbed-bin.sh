@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) or reuse the test bed's binaries: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kube-proxy, etcd, kwok, helm, CoreDNS, versitygw, kube-score (the
-# chart's lint) and promtool (the chart's alert rules are unit-tested with `promtool test
-# rules`), pinned by version and cached outside the work tree.
+# kube-scheduler, kubelet, kube-proxy, etcd and etcdutl, kwok, helm, CoreDNS, versitygw,
+# kube-score (the chart's lint) and promtool (the chart's alert rules are unit-tested with
+# `promtool test rules`), pinned by version and cached outside the work tree.
 #
 #   hack/testbed-bin.sh            build whatever is missing, print the bin directory
 #   hack/testbed-bin.sh etcd ...   only those parts (etcd versitygw kube-score promtool kube)
@@ -130,14 +130,24 @@ build_kube() {
 }
 
 build_etcd() {
-  [[ -x "$BIN/etcd" ]] && return 0
   # etcd's server module has replace directives of its own, so `go install` refuses it;
   # in a throwaway module those of a dependency are ignored and the build works.
   local dir="$BUILD/etcd-$ETCD_VERSION"
-  mkdir -p "$dir"
-  (cd "$dir" && { [[ -f go.mod ]] || go mod init o41.local/testbed/etcd >/dev/null 2>&1; } \
-    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 \
-    && timed etcd go build -mod=mod -o "$BIN/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3)
+  if [[ ! -x "$BIN/etcd" ]]; then
+    mkdir -p "$dir"
+    (cd "$dir" && { [[ -f go.mod ]] || go mod init o41.local/testbed/etcd >/dev/null 2>&1; } \
+      && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 \
+      && timed etcd go build -mod=mod -o "$BIN/etcd" -ldflags "-s -w" go.etcd.io/etcd/server/v3)
+  fi
+  # etcdutl (snapshot restore: docs/operations.md, "Backups and restore"), the same release,
+  # in a module of its own for the same reason; the official etcd image carries it too.
+  if [[ ! -x "$BIN/etcdutl" ]]; then
+    local util="$BUILD/etcdutl-$ETCD_VERSION"
+    mkdir -p "$util"
+    (cd "$util" && { [[ -f go.mod ]] || go mod init o41.local/testbed/etcdutl >/dev/null 2>&1; } \
+      && go get "go.etcd.io/etcd/etcdutl/v3@$ETCD_VERSION" >/dev/null 2>&1 \
+      && timed etcdutl go build -mod=mod -o "$BIN/etcdutl" -ldflags "-s -w" go.etcd.io/etcd/etcdutl/v3)
+  fi
 }
 
 build_versitygw() {

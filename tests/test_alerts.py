@@ -27,6 +27,7 @@ ALERTS = {
     "O41EventualWritesDropped",
     "O41EtcdNoSpace",
     "O41EtcdDatabaseNearQuota",
+    "O41EtcdSnapshotStale",
 }
 
 

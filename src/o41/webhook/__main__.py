@@ -72,6 +72,21 @@ def main(argv: list[str] | None = None) -> int:
         "outside the cluster (/v1/usage answers either way)",
     )
     parser.add_argument(
+        "--backup-organization",
+        default="",
+        help="take etcd snapshots into this organization's fallback location (the platform "
+        "team's own: a snapshot holds every tenant's records); empty: no snapshots",
+    )
+    parser.add_argument(
+        "--backup-interval", type=float, default=3600.0, help="seconds between etcd snapshots"
+    )
+    parser.add_argument(
+        "--backup-keep", type=int, default=14, help="etcd snapshots kept (the newest)"
+    )
+    parser.add_argument(
+        "--backup-dir", default=None, help="where a snapshot is written before its upload"
+    )
+    parser.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=os.environ.get("O41_LOG_FORMAT") or "text",
@@ -93,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--usage-daily-days must be at least 31 (the usage page's 30-day window)")
     if not args.retention_interval >= 10:
         parser.error("--retention-interval must be at least 10 seconds")
+    if not args.backup_interval >= 1 or args.backup_keep < 1:
+        parser.error("--backup-interval must be at least 1 second and --backup-keep at least 1")
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
         serving = ServingTls.from_environment(os.environ)
@@ -111,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         retention_interval=args.retention_interval,
         tls=serving,
         usage_page=args.usage_page == "on",
+        backup_organization=args.backup_organization,
+        backup_interval=args.backup_interval,
+        backup_keep=args.backup_keep,
+        backup_dir=args.backup_dir,
     )
     web.run_app(
         make_app(settings),

@@ -20,6 +20,7 @@ from o41.core.service_tokens import issuer_for
 from o41.core.trust import TokenRefused
 from o41.service_tokens import SECRET as TOKEN_SECRET
 from o41.state import Store, open_store
+from o41.webhook.backups import backing_up
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.collections import routes as collections
 from o41.webhook.directories import routes as directories_routes
@@ -212,6 +213,7 @@ def make_app(
     app.cleanup_ctx.append(retaining)  # deletes the versions retention rules let go
     app.cleanup_ctx.append(backfilling)  # indexes versions committed before the index
     app.cleanup_ctx.append(backfilling_records)  # record objects of versions from before
+    app.cleanup_ctx.append(backing_up)  # etcd snapshots to the backup organization
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)

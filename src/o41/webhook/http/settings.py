@@ -29,6 +29,12 @@ class Settings:
     # the /usage page (a token form and a cookie): off where the port is exposed outside the
     # cluster (the chart's placement.usagePage.exposed); /v1/usage answers either way
     usage_page: bool = True
+    # etcd snapshots (o41.webhook.backups): the organization whose fallback location keeps
+    # them (empty: off), seconds between them, how many are kept, where the temporary file goes
+    backup_organization: str = ""
+    backup_interval: float = 3600.0
+    backup_keep: int = 14
+    backup_dir: str | None = None  # None: the system's temporary directory
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")
