@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 
 import pytest
 
@@ -22,7 +23,10 @@ def test_backups_are_off_by_default_and_the_notes_say_so(kube: Kube) -> None:
     assert not [a for a in placement["args"] if a.startswith("--backup")]
 
     def notes(*sets: str) -> str:
-        argv = [helm(), "install", "o41", str(CHART), "-n", NAMESPACE, "--dry-run=client"]
+        # a namespace of its own: an earlier test's objects in the chart's namespace
+        # (not the release's) would stop even a dry-run install
+        namespace = f"notes-{uuid.uuid4().hex[:8]}"
+        argv = [helm(), "install", "o41", str(CHART), "-n", namespace, "--dry-run=client"]
         for s in sets:
             argv += ["--set", s]
         done = subprocess.run(

@@ -35,7 +35,7 @@ from o41.core.ledger import (
 )
 from o41.locations import Location
 from o41.webhook.buckets import OpenBucket, bucket_for
-from o41.webhook.http.errors import problem
+from o41.webhook.http.errors import LocationFailed, problem
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
 from o41.webhook.records import Version
@@ -77,12 +77,28 @@ def record_of(version: Version) -> VersionRecord:
     )
 
 
+PUT_ATTEMPTS = 3
+
+
+async def put_object(opened: OpenBucket, location: str, key: str, raw: bytes) -> None:
+    """PUT one small object of the record, again on a failure the store says may pass (a
+    kept-alive connection it had closed: the PUT of the same bytes is idempotent), up to
+    ``PUT_ATTEMPTS`` times; then ``LocationFailed``."""
+    for attempt in range(1, PUT_ATTEMPTS + 1):
+        try:
+            await opened.call(location, lambda: opened.bucket.put(key, raw))
+        except LocationFailed as e:
+            if attempt == PUT_ATTEMPTS or not e.error.retryable:
+                raise
+        else:
+            return
+
+
 async def put_record(opened: OpenBucket, location: str, version: Version) -> None:
     """Write ``version``'s record object to its location (``LocationFailed`` if the
     bucket refuses: the commit then fails, and may be retried)."""
     record = record_of(version)
-    key, raw = record.object_key, record.canonical()
-    await opened.call(location, lambda: opened.bucket.put(key, raw))
+    await put_object(opened, location, record.object_key, record.canonical())
 
 
 async def put_manifest(
@@ -95,7 +111,7 @@ async def put_manifest(
 ) -> ManifestRef:
     """Write a directory version's manifest object; what its record says of it."""
     ref, raw = manifest_object(organization, artifact, version, entries)
-    await opened.call(location, lambda: opened.bucket.put(ref.key, raw))
+    await put_object(opened, location, ref.key, raw)
     return ref
 
 
@@ -109,8 +125,7 @@ async def write_entry(app: web.Application, entry: Entry, near: str) -> str:
     if location is None:
         raise problem(503, f"location {name!r} is not known to the service yet; retry shortly")
     opened = await bucket_for(app, location)
-    key, raw = entry_key(entry), entry_bytes(entry)
-    await opened.call(location.name, lambda: opened.bucket.put(key, raw))
+    await put_object(opened, location.name, entry_key(entry), entry_bytes(entry))
     return location.name
 
 
