@@ -435,6 +435,28 @@ def test_operator_killed_mid_setup_leaves_one_bucket_and_a_ready_location(
     assert buckets() == [ready["status"]["bucket"]]
 
 
+def test_a_setup_whose_status_patch_never_landed_is_shown_ready_by_the_check(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """kopf sends a handler's progress and its status patch as two requests; an operator
+    killed between them leaves the setup done (recorded, never run again) and status
+    without it. The periodic check shows what the record says: Ready, and the bucket."""
+    org, loc = unique("org"), unique("aws-lost")
+    cluster.organization(org)
+    cluster.location(loc, org)
+    bucket = cluster.ready(loc)["status"]["bucket"]
+    lost = {"status": {k: None for k in ("conditions", "bucket", "readySince", "endpoint")}}
+    done = cluster.run(
+        "patch", "location", loc, "--subresource=status", "--type=merge", "-p", json.dumps(lost)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "conditions" not in cluster.get("location", loc)["status"]
+    shown = cluster.ready(loc)  # within a few check intervals, with no restart
+    assert shown["status"]["bucket"] == bucket
+    ready = [c for c in shown["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["reason"] == "BucketReady" and ready[0]["status"] == "True"
+
+
 def test_a_restart_sets_up_again_only_what_changed_while_it_was_away(
     cluster: Cluster, operator: Operator
 ) -> None:

@@ -309,6 +309,20 @@ def check(state: Shared, body: kopf.Body, patch: kopf.Patch) -> None:
         return
     if not record.ready:
         save(state.records, record.with_(ready=True))
+    if not condition(status) and record.set_up == generation:
+        # Set up (the record says so) but status shows nothing: kopf sends the handler's
+        # progress and its status patch as two requests, and an operator killed between
+        # them leaves the setup done and never shown (a cold CI run saw it). Show what
+        # the record says; a setup patch still on its way says the same.
+        patch.status.update(
+            bucket=ref.bucket,
+            unfinished=False,
+            readySince=record.ready_since,
+            observedGeneration=generation,
+        )
+        message = f"bucket {ref.bucket!r} is set up and reachable"
+        set_ready(patch, status, generation, ok=True, reason="BucketReady", message=message)
+        return
     # Recovered: only a Ready condition this check (or a setup) turned False. With none yet,
     # the setup's status patch is still on its way and owns the condition.
     if condition(status).get("status") == "False":
