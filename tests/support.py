@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,6 +25,20 @@ def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval:
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+async def wait_for_async(
+    check: Callable[[], Awaitable[T | None]], seconds: float, what: str, interval: float = 0.2
+) -> T:
+    """``wait_for`` for a check that is a coroutine: it never blocks the event loop."""
+    deadline = time.monotonic() + seconds
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}; last: {last!r}")
 
 
 def token_kubeconfig(admin: Path, token: str, user: str, path: Path) -> Path:

@@ -33,6 +33,8 @@ from o41.webhook.http import telemetry
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import Cluster, View, organization_source
 
+from support import wait_for_async
+
 pytestmark = pytest.mark.etcd
 
 
@@ -308,10 +310,7 @@ async def test_a_member_restores_from_a_snapshot_only_when_empty_and_asked(
             except Exception:
                 return False
 
-        deadline = time.monotonic() + 30
-        while not await answers():
-            assert time.monotonic() < deadline, (tmp_path / "etcd.log").read_text()
-            await asyncio.sleep(0.2)
+        await wait_for_async(answers, 30, "the restored member to answer")
         kept = await store.range(b"/o41/kept/")
         assert {kv.key: kv.value for kv in kept} == {
             f"/o41/kept/{i}".encode(): f"value-{i}".encode() for i in range(20)
