@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -198,80 +197,67 @@ async def make_version(
     tag: str | None,
     namespace: str,
     opened: OpenBucket,
-    extra: Sequence[Put] = (),
 ) -> bool:
     """One transaction turns the pending write into the version: its record, its index
     key (the artifact's next commit sequence number, newest first), the artifact's record
     (its count and latest) and the tag given at write time. The artifact's record is
     guarded by its revision, so commits of one artifact take sequence numbers one at a
     time; one that loses to another commit of the artifact takes the next number. False
-    when another commit of this very write made the version first (a replay). ``extra``:
-    more keys the version comes with.
+    when another commit of this very write made the version first (a replay).
 
     Before each transaction the version's record object is written to its bucket with
     the number the transaction will take (``o41.webhook.ledger``): a commit acknowledged
     has its record durable, and a transaction that loses its compare is followed by a PUT
     of the next number under the same key."""
-    lock = _ARTIFACTS.get((pending.organization, pending.artifact))
-    if lock is None:
-        lock = _ARTIFACTS[(pending.organization, pending.artifact)] = asyncio.Lock()
-    async with lock:
-        return await _make_version(
-            store, pending, pending_mod, record, tag, namespace, opened, extra
-        )
-
-
-async def _make_version(
-    store: Store,
-    pending: Pending,
-    pending_mod: int,
-    record: Version,
-    tag: str | None,
-    namespace: str,
-    opened: OpenBucket,
-    extra: Sequence[Put],
-) -> bool:
     org, artifact, version = pending.organization, pending.artifact, pending.version
     akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
-    for _ in range(COMMIT_ATTEMPTS):
-        current = await store.get(akey)
-        if current is None:
-            guard = Compare(akey, "version", "==", 0)
-            seq, previous = 1, None
-        else:
-            guard = Compare(akey, "mod", "==", current.mod_revision)
-            head = ArtifactRecord.load(current.value)
-            seq, previous = head.count + 1, head.latest
-            if previous == version:  # made by a replay of this commit meanwhile
+    async with _turn(org, artifact):
+        for _ in range(COMMIT_ATTEMPTS):
+            current = await store.get(akey)
+            if current is None:
+                guard = Compare(akey, "version", "==", 0)
+                seq, previous = 1, None
+            else:
+                guard = Compare(akey, "mod", "==", current.mod_revision)
+                head = ArtifactRecord.load(current.value)
+                seq, previous = head.count + 1, head.latest
+                if previous == version:  # made by a replay of this commit meanwhile
+                    return await _replayed(store, vkey, opened)
+            numbered = replace(record, seq=seq, previous=previous, by=namespace, tag=tag)
+            await put_record(opened, record.location, numbered)
+            listed = replace(  # a page of a listing stays small: what a listing shows
+                numbered, part_size=None, crc32=None, previous=None, by=None, tag=None
+            ).dump()
+            made: list[Delete | Put] = [
+                Delete(pending_key(version)),
+                Put(vkey, numbered.dump()),
+                Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), listed),
+                Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
+            ]
+            if tag is not None:
+                moved = Tag(version, record.committed, namespace)
+                made.append(Put(tag_key(org, artifact, tag), moved.dump()))
+            pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
+            result = await store.txn([pending_guard, guard], made)
+            if result.succeeded:
+                return True
+            if await store.get(vkey) is not None:
                 return await _replayed(store, vkey, opened)
-        numbered = replace(record, seq=seq, previous=previous, by=namespace, tag=tag)
-        await put_record(opened, record.location, numbered)
-        listed = replace(  # a page of a listing stays small: what a listing shows
-            numbered, part_size=None, crc32=None, previous=None, by=None, tag=None
-        ).dump()
-        made: list[Delete | Put] = [
-            Delete(pending_key(version)),
-            Put(vkey, numbered.dump()),
-            Put(index_prefix(org, artifact) + index_suffix(seq, version).encode(), listed),
-            Put(akey, ArtifactRecord(artifact, version, record.committed, seq).dump()),
-            *extra,
-        ]
-        if tag is not None:
-            moved = Tag(version, record.committed, namespace)
-            made.append(Put(tag_key(org, artifact, tag), moved.dump()))
-        pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
-        result = await store.txn([pending_guard, guard], made)
-        if result.succeeded:
-            return True
-        if await store.get(vkey) is not None:
-            return await _replayed(store, vkey, opened)
-        still = await store.get(pending_key(version))
-        if still is None or still.mod_revision != pending_mod:
-            raise problem(409, f"write {version!r} changed while committing; commit again")
-        # another version of the artifact took the sequence number: the next one
+            still = await store.get(pending_key(version))
+            if still is None or still.mod_revision != pending_mod:
+                raise problem(409, f"write {version!r} changed while committing; commit again")
+            # another version of the artifact took the sequence number: the next one
     raise StoreUnavailable(
         f"artifact {artifact!r} had {COMMIT_ATTEMPTS} commits in a row ahead of this one"
     )
+
+
+def _turn(organization: str, artifact: str) -> asyncio.Lock:
+    """The lock commits of one artifact take turns on in this replica."""
+    lock = _ARTIFACTS.get((organization, artifact))
+    if lock is None:
+        lock = _ARTIFACTS[(organization, artifact)] = asyncio.Lock()
+    return lock
 
 
 async def _replayed(store: Store, vkey: bytes, opened: OpenBucket) -> bool:
