@@ -148,3 +148,92 @@ async def test_writing_through_the_filesystem_commits_on_close(service: Service)
     written, back, versions = await asyncio.to_thread(write_and_read)
     assert back.equals(table(100))
     assert written.tag == "best" and versions == [written.version]
+
+
+async def test_a_write_that_fails_publishes_nothing_however_it_was_opened(
+    service: Service,
+) -> None:
+    """Issue 43: fsspec's ``OpenFile`` closes the file without the exception; a crashed
+    save must still publish nothing and move no tag, and ``@latest`` is no place to write."""
+    options = {
+        "endpoint": service.url,
+        "token_file": str(service.token),
+        "place": {"cloud": "aws", "region": "us-east-1", "source": "env"},
+    }
+    client = Client(service.url, str(service.token))
+
+    def state() -> tuple[str, str, list[str]]:
+        versions = [v.version for v in client.versions(ORG, "metrics")]
+        return (
+            client.resolve(ORG, "metrics", "nightly").version,
+            client.resolve(ORG, "metrics", "latest").version,
+            versions,
+        )
+
+    def crashes(how: str) -> None:
+        if how == "fsspec.open":
+            with fsspec.open("o41://ml/metrics@nightly", "wb", **options) as f:
+                f.write(b"half of a")
+                raise RuntimeError("the job died mid-save")
+        elif how == "text":
+            with fsspec.open("o41://ml/metrics@nightly", "w", **options) as f:
+                f.write("half of a")
+                raise RuntimeError("the job died mid-save")
+        elif how == "finally":
+            g = fsspec.open("o41://ml/metrics@nightly", "wb", **options).open()
+            try:
+                g.write(b"half of a")
+                raise RuntimeError("the job died mid-save")
+            finally:
+                g.close()
+        elif how == "transaction":
+            fs = o41fs(service)
+            with fs.transaction:
+                with fs.open("ml/metrics@nightly", "wb") as h:
+                    h.write(b"whole, but the transaction fails")
+                raise RuntimeError("the job died after the save")
+
+    def run() -> tuple[Any, ...]:
+        with fsspec.open("o41://ml/metrics@nightly", "wb", **options) as f:
+            f.write(b"the first whole file")
+        before = state()
+        for how in ("fsspec.open", "text", "finally", "transaction"):
+            with pytest.raises(RuntimeError, match="the job died"):
+                crashes(how)
+            assert state() == before, how
+
+        fs = o41fs(service)
+        d = fs.open("ml/metrics@nightly", "wb")
+        d.write(b"not wanted")
+        d.discard()
+        assert d.written is None and state() == before
+
+        # a file opened while an exception is being handled still commits
+        try:
+            raise KeyError("handled")
+        except KeyError:
+            with fsspec.open("o41://ml/metrics@nightly", "wb", **options) as e:
+                e.write(b"the fallback save")
+        after_except = state()
+        # a transaction that ends well commits its files
+        with fs.transaction, fs.open("ml/metrics@nightly", "wb") as t:
+            t.write(b"the transaction's save")
+        after_transaction = state()
+
+        with pytest.raises(ValueError, match="'latest'") as refused:
+            fs.open("ml/metrics@latest", "wb")
+        with (
+            pytest.raises(ValueError, match="'latest'"),
+            fsspec.open("o41://ml/metrics@latest", "wb", **options) as f,
+        ):
+            f.write(b"never")
+        return before, after_except, after_transaction, str(refused.value)
+
+    before, after_except, after_transaction, refused = await asyncio.to_thread(run)
+    assert len(before[2]) == 1 and before[0] == before[1] == before[2][0]
+    assert after_except[0] == after_except[1] != before[0] and len(after_except[2]) == 2
+    assert after_transaction[0] != after_except[0] and len(after_transaction[2]) == 3
+    got = await asyncio.to_thread(client.read_bytes, ORG, "metrics", "nightly")
+    assert got == b"the transaction's save"
+    assert "never written twice" in refused
+    assert await asyncio.to_thread(lambda: len(list(client.versions(ORG, "metrics")))) == 3

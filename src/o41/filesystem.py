@@ -13,8 +13,11 @@ uses), so pyarrow reads a Parquet file's footer and then only the columns it wan
 - ``o41://ORG`` lists the organization's artifacts.
 - Writing: ``open("o41://ORG/ARTIFACT", "wb")`` (or ``ORG/ARTIFACT@TAG``: the tag moves to
   it) spools what is written to a temporary file and writes it as a new single-file
-  version when the file is closed (``.written`` is the result then). Nothing is written
-  if the ``with`` block raises.
+  version when the file is closed (``.written`` is the result then). A file closed while
+  an exception propagates (out of a ``with``, fsspec's own ``OpenFile`` too, or through a
+  ``finally``), discarded (``discard()``), dropped unclosed, or opened in a transaction
+  that fails (``with fs.transaction:``) writes nothing: a crashed job publishes nothing
+  and moves no tag.
 
 Registered for fsspec by the entry point ``fsspec.specs: o41`` (pyproject.toml), so
 ``fsspec.open("o41://...")`` and ``pandas.read_parquet("o41://...")`` find it. The
@@ -28,6 +31,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -238,14 +242,18 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
             )
         if mode not in ("wb", "xb"):
             raise ValueError(f"o41 opens files to read ('rb') or to write ('wb'), not {mode!r}")
-        org, artifact, ref, inner = parse(self._strip_protocol(path))
-        if artifact is None or inner or is_version(ref):
+        stripped = self._strip_protocol(path)
+        org, artifact, ref, inner = parse(stripped)
+        named = artifact is not None and "@" in stripped.strip("/").split("/", 2)[1]
+        if artifact is None or inner or is_version(ref) or (ref == LATEST and named):
             raise ValueError(
-                f"{path}: write to o41://ORG/ARTIFACT (a new version) or o41://ORG/ARTIFACT@TAG "
-                "(a new version the tag moves to); a version is never written twice"
+                f"{path}: write to o41://ORG/ARTIFACT (a new version, then the latest) or "
+                "o41://ORG/ARTIFACT@TAG (a new version the tag moves to); a version id, "
+                "'latest' or a path inside name versions written already, and a version is "
+                "never written twice"
             )
         tag = None if ref == LATEST else ref
-        return O41Writer(self.api, org, artifact, tag)
+        return O41Writer(self.api, org, artifact, tag, autocommit=autocommit)
 
     def _pinned(self, path: str, version: str) -> tuple[str, str, str, str]:
         """The path with its reference replaced by the version it named."""
@@ -356,17 +364,37 @@ class O41File(AbstractBufferedFile):  # type: ignore[misc]
 
 class O41Writer(io.RawIOBase):
     """What is written, spooled to a temporary file and written as a new version on
-    :meth:`close`; ``written`` is that version then."""
+    :meth:`close`; ``written`` is that version then.
 
-    def __init__(self, api: Artifacts, organization: str, artifact: str, tag: str | None):
+    A crashed write must publish nothing, however the file was opened. fsspec's
+    ``OpenFile.__exit__`` (what ``fsspec.open`` returns) calls ``close()`` without the
+    exception, so ``close()`` looks for itself: an exception being handled while it runs
+    (one propagating out of a ``with`` or through a ``finally``) that is not the one
+    already being handled when the file was opened (a file opened inside an ``except``
+    block still commits) means the job failed, and nothing is written. In a transaction
+    (``autocommit=False``: ``with fs.transaction:``) the version is written by
+    :meth:`commit`, when the transaction ends without an exception."""
+
+    def __init__(
+        self,
+        api: Artifacts,
+        organization: str,
+        artifact: str,
+        tag: str | None,
+        *,
+        autocommit: bool = True,
+    ):
         super().__init__()
         self._api, self._org, self._artifact, self._tag = api, organization, artifact, tag
+        self.autocommit = autocommit
+        self._opened_during = sys.exc_info()[1]
         # open until close() writes the version (a context manager cannot span it)
         self._spool = tempfile.NamedTemporaryFile(  # noqa: SIM115
             prefix="o41-", suffix=".spool", delete=False
         )
         self.written: Written | None = None
         self._failed = False
+        self._done = False  # the spool is written as a version or discarded
 
     def writable(self) -> bool:
         return True
@@ -375,18 +403,61 @@ class O41Writer(io.RawIOBase):
         return self._spool.write(data)
 
     def __exit__(self, *exc: Any) -> None:
-        self._failed = exc[0] is not None
+        if exc[0] is not None:
+            self._failed = True
         self.close()
 
+    def _failing(self) -> bool:
+        """Whether an exception other than the one in flight at open is in flight now."""
+        now = sys.exc_info()[1]
+        return now is not None and now is not self._opened_during
+
     def close(self) -> None:
+        """Write the version (with ``autocommit``; else :meth:`commit` does), unless an
+        exception is propagating: then nothing is written."""
         if self.closed:
             return
+        if self._failing():
+            self._failed = True
         try:
             self._spool.close()
-            if not self._failed:
-                self.written = self._api.write(
-                    self._org, self._artifact, self._spool.name, tag=self._tag
-                )
         finally:
-            os.unlink(self._spool.name)
             super().close()
+        if self._failed:
+            self._forget()
+        elif self.autocommit:
+            self._publish()
+
+    def commit(self) -> None:
+        """Write what the file holds as the version, once (a transaction's end calls
+        this); nothing after :meth:`discard` or a failed close."""
+        self.close()
+        self._publish()
+
+    def discard(self) -> None:
+        """Close without writing a version (a transaction that failed calls this)."""
+        self._failed = True
+        self.close()
+        self._forget()
+
+    def _publish(self) -> None:
+        if self._done:
+            return
+        try:
+            self.written = self._api.write(
+                self._org, self._artifact, self._spool.name, tag=self._tag
+            )
+        finally:
+            self._forget()
+
+    def _forget(self) -> None:
+        if not self._done:
+            self._done = True
+            self._spool.close()
+            os.unlink(self._spool.name)
+
+    def __del__(self) -> None:
+        """A writer dropped without :meth:`close` writes nothing (IOBase would close it,
+        and so commit, whatever state the job is in)."""
+        if not getattr(self, "_done", True):
+            self.discard()
