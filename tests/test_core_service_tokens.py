@@ -12,12 +12,14 @@ from o41.core.service_tokens import (
     MAX_TTL,
     Issued,
     Revoked,
+    TooLong,
     check_claims,
     check_record,
     check_subject,
     claims_for,
     issuer_for,
     parse_ttl,
+    tenant_of,
 )
 from o41.core.trust import AlgorithmNotAllowed, Expired, Malformed, MissingClaim
 
@@ -76,3 +78,47 @@ def test_a_token_is_accepted_only_as_recorded() -> None:
     for record in (None, Issued(TOKEN.id, "other", TOKEN.subject, 1, 1)):
         with pytest.raises(Revoked, match="was revoked"):
             check_record(TOKEN, record)
+
+
+@given(st.integers(1, 3 * MAX_TTL), st.integers(-MAX_TTL, 3600))
+def test_a_token_lasting_past_the_cap_is_refused_whoever_signed_it(
+    lifetime: int, age: int
+) -> None:
+    """Issue 37, point 5: the 30-day cap holds where tokens are taken, not only in the
+    CLI; ``age``: how long ago it was issued (negative: within the clock leeway ahead)."""
+    now = 2_000_000_000
+    iat = now - max(age, -30)
+    claims = claims_for(ISSUER, Issued("t", "ml", "sky", expires=iat + lifetime, created=iat))
+    if iat + lifetime <= now - 60:
+        return  # expired: refused for that (test_what_a_service_token_must_say)
+    if lifetime > MAX_TTL or iat + lifetime - now > MAX_TTL:
+        with pytest.raises(TooLong, match="at most 30 are accepted") as refused:
+            check_claims(ISSUER, HEADER, claims, now)
+        assert (refused.value.reason, refused.value.claim) == ("LifetimeTooLong", "exp")
+    else:
+        assert check_claims(ISSUER, HEADER, claims, now).expires == iat + lifetime
+
+
+@given(
+    st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True),
+)
+def test_a_service_tokens_tenant_is_one_per_organization_and_subject(
+    org: str, subject: str, other_org: str, other_subject: str
+) -> None:
+    """Issue 37, point 1: one subject in two organizations is two tenants, and no tenant
+    text of a service token is a namespace's or another cluster's (``<domain>:<ns>``)."""
+    tenant = tenant_of(org, subject)
+    assert (tenant == tenant_of(other_org, other_subject)) == (
+        (org, subject) == (other_org, other_subject)
+    )
+    domain, _, _ = tenant.rpartition(":")
+    assert domain.startswith(f"{DOMAIN}.") and "." in domain  # no DNS label: no TrustDomain's
+
+
+def test_a_subject_that_is_no_dns_label_is_malformed() -> None:
+    claims = claims_for(ISSUER, Issued("t", "ml", "sky:x", TOKEN.expires, TOKEN.created))
+    with pytest.raises(Malformed, match="'sub' is not a DNS label"):
+        check_claims(ISSUER, HEADER, claims, TOKEN.created)

@@ -11,6 +11,7 @@ buckets are the stand-in over plain HTTP on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -306,6 +307,15 @@ class Process:
 
 @pytest.fixture
 def process(tmp_path: Path, ca: Authority, kubeconfig: Path) -> Iterator[Process]:
+    with serve(tmp_path, ca, kubeconfig, metrics_port=True) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def serve(
+    tmp_path: Path, ca: Authority, kubeconfig: Path, *, metrics_port: bool
+) -> Iterator[Process]:
+    """``python -m o41.webhook`` over HTTPS, with ``--metrics-port`` or without."""
     pair = serving(ca)
     port, metrics = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("O41_", "SSL_"))}
@@ -322,8 +332,8 @@ def process(tmp_path: Path, ca: Authority, kubeconfig: Path) -> Iterator[Process
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "o41.webhook", "--host", LOOPBACK, "--port", str(port),
-            "--metrics-port", str(metrics), "--kubeconfig", str(kubeconfig),
-            "--usage-page", "off",
+            *(("--metrics-port", str(metrics)) if metrics_port else ()),
+            "--kubeconfig", str(kubeconfig), "--usage-page", "off",
         ],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -390,6 +400,20 @@ def test_the_process_serves_https_on_its_port_and_plain_metrics_on_its_own(
     # plain HTTP to the TLS port is no answer
     with pytest.raises((OSError, urllib.error.URLError)):
         status(process.url.replace("https:", "http:") + "/healthz")
+
+
+def test_metrics_are_never_on_the_tls_port_even_without_a_metrics_port(
+    tmp_path: Path, ca: Authority, kubeconfig: Path
+) -> None:
+    """Issue 37, point 7: /metrics names every organization; the TLS port is the exposed
+    one, so without --metrics-port the service serves /metrics nowhere (and says so)."""
+    context = ssl.create_default_context(cafile=str(ca.cert_path))
+    with serve(tmp_path, ca, kubeconfig, metrics_port=False) as running:
+        assert status(running.url + "/healthz", context) == 200
+        assert status(running.url + "/metrics", context) == 404
+        with pytest.raises((OSError, urllib.error.URLError)):  # nor on a port of its own
+            status(running.metrics + "/metrics")
+    assert "/metrics is not served: the API port is TLS" in (tmp_path / "service.log").read_text()
 
 
 def test_the_process_refuses_half_a_tls_setting_in_one_line(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from aiohttp.test_utils import TestServer
 from o41.api import TrustDomainSpec
 from o41.client.artifacts import Artifacts
 from o41.collections.keys import encode_key
+from o41.collections.wire import PROTOCOL
 from o41.core.places import Place
 from o41.core.service_tokens import Issued, issuer_for
 from o41.service_tokens import new_signing_key, sign, signing_key
@@ -38,8 +39,9 @@ from o41.testbed.standin_bucket import Storage
 from o41.testbed.usage import FakeReviewer
 from o41.trust_record import TrustRecord
 from o41.webhook.app import Settings, local_issuer, make_app
+from o41.webhook.collections.websocket import REFUSED as SOCKET_REFUSED
 from o41.webhook.http.trusted import TrustDomainSource
-from o41.webhook.http.view import Cluster, View, organization_source
+from o41.webhook.http.view import Cluster, View, Watcher, organization_source
 
 LOCAL = "token-team-a"  # the test reviewer's token of namespace team-a here
 UID = "uid-cluster-b"
@@ -396,3 +398,41 @@ async def test_service_tokens_expired_forged_or_recorded_otherwise_are_refused(h
     )
     status, answer = await hub.call(token, "GET", listing)
     assert (status, answer["reason"]) == (401, "Revoked"), answer
+
+
+async def test_a_service_token_lasting_400_days_is_refused_where_it_is_taken(hub: Hub) -> None:
+    """Issue 37, point 5: the 30-day cap is the service's, not only the CLI's: a token
+    signed with the service's key for 400 days (minted by hand) is refused."""
+    now = int(datetime.now(UTC).timestamp())
+    token, _ = service_token(hub, created=now, expires=now + 400 * 86400)
+    status, answer = await hub.call(token, "GET", f"/v1/organizations/{ORG}/artifacts")
+    assert (status, answer["reason"], answer["claim"]) == (401, "LifetimeTooLong", "exp"), answer
+    assert "lasts 400 days; at most 30 are accepted" in answer["error"]
+    month, _ = service_token(hub, created=now, expires=now + 30 * 86400)
+    assert (await hub.call(month, "GET", f"/v1/organizations/{ORG}/artifacts"))[0] == 200
+
+
+async def test_a_deleted_trust_domains_open_websockets_are_closed(hub: Hub) -> None:
+    """Issue 37, point 8: when the watch sees cluster B's TrustDomain deleted, a socket
+    of B's pod is closed then, not at its next periodic check (30 s later); this
+    cluster's pods' sockets stay open."""
+    hub.trust_b()
+    url = hub.url.replace("http", "ws", 1) + "/v1/collections"
+    op = {"id": 1, "compute": "job", "kind": "counter", "name": "n", "op": "add", "args": {"n": 1}}
+    async with aiohttp.ClientSession() as s:
+        sockets = [
+            await s.ws_connect(url, headers={"Authorization": f"Bearer {t}"}, protocols=(PROTOCOL,))
+            for t in (hub.b.token("team-a", "trainer"), LOCAL)
+        ]
+        for ws in sockets:
+            await ws.send_str(json.dumps(op))
+            assert json.loads((await ws.receive(timeout=10)).data)["status"] == 200
+        watcher = Watcher(None, hub.view, asyncio.get_running_loop())
+        gone = {"metadata": {"name": "cluster-b", "uid": UID}}
+        watcher._apply("trustdomains", "DELETED", gone)  # as the watch's event applies it
+        closed = await sockets[0].receive(timeout=10)
+        assert (closed.type, closed.extra) == (aiohttp.WSMsgType.CLOSE, SOCKET_REFUSED.decode())
+        await sockets[1].send_str(json.dumps({**op, "id": 2}))
+        assert json.loads((await sockets[1].receive(timeout=10)).data)["status"] == 200
+        for ws in sockets:
+            await ws.close()

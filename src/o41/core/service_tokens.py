@@ -3,8 +3,10 @@ laptop): the pure rules. A platform admin creates one for an organization and a 
 (``kubectl o41 token create``); it is signed with the service's own key, lasts at most
 ``MAX_TTL``, and is accepted only while its record exists (deleting the record revokes
 it). The caller it names may use that one organization, as the tenant
-``vm.o41:<subject>``: a trust domain's name is a DNS label, so no cluster's namespace
-can be that tenant.
+``vm.o41.<organization>:<subject>`` (:func:`tenant_of`): a trust domain's name is a DNS
+label, so no cluster's namespace can be that tenant, and the same subject in two
+organizations is two tenants (issue 37: one tenant per subject let a token of one
+organization read and commit another's state).
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ FIX = "ask a platform admin for a new one (kubectl o41 token create)"
 
 class Revoked(TokenRefused):
     reason = "Revoked"
+
+
+class TooLong(TokenRefused):
+    """A token that lasts longer than :data:`MAX_TTL`: the CLI never makes one, so it was
+    minted some other way with the service's key; the cap holds where tokens are taken."""
+
+    reason = "LifetimeTooLong"
+
+
+def tenant_of(organization: str, subject: str) -> str:
+    """The tenant a service token acts as: one per organization and subject. The subject
+    is a DNS label (no ':' nor '.'), so the text maps back to one (organization, subject)."""
+    return f"{DOMAIN}.{organization}:{subject}"
 
 
 def issuer_for(namespace: str) -> str:
@@ -114,12 +129,15 @@ def check_claims(
         ) from None
     except NotYetValid as e:
         raise NotYetValid(f"service token is not valid yet: {e}", DOMAIN, e.claim) from None
+    check_lifetime(claims.get("jti"), int(claims["iat"]), exp, now)
     found = {name: claims.get(name) for name in ("jti", "sub")}
     extra = claims.get(CLAIM)
     organization = extra.get("organization") if isinstance(extra, Mapping) else None
     for name, value in (*found.items(), ("o41.organization", organization)):
         if not isinstance(value, str) or not value:
             raise MissingClaim(f"service token has no {name!r} claim: {FIX}", DOMAIN, name)
+    if not SUBJECT.fullmatch(str(found["sub"])):  # its tenant's text must map back to it
+        raise Malformed(f"service token's 'sub' is not a DNS label: {FIX}", DOMAIN, "sub")
     return Issued(
         str(found["jti"]),
         str(organization),
@@ -127,6 +145,19 @@ def check_claims(
         exp,
         int(claims["iat"]),
     )
+
+
+def check_lifetime(token_id: object, iat: int, exp: int, now: int) -> None:
+    """At most :data:`MAX_TTL` from its issue (or from now, if that is earlier): a
+    longer-lived token is refused whoever signed it."""
+    lifetime = exp - min(iat, now)
+    if lifetime > MAX_TTL:
+        raise TooLong(
+            f"service token {shown(token_id)} lasts {lifetime // 86400} days; at most "
+            f"{MAX_TTL // 86400} are accepted: {FIX}",
+            DOMAIN,
+            "exp",
+        )
 
 
 def check_record(token: Issued, record: Issued | None) -> Issued:

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-port",
         type=int,
         default=0,
-        help="serve /metrics on this port (same host) and not on --port; 0: on --port",
+        help="serve /metrics on this port (same host) and not on --port; 0: on --port, "
+        "unless --port is TLS (exposed): then nowhere",
     )
     parser.add_argument(
         "--etcd",

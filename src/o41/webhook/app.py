@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from o41.webhook.writes.batching import BATCHER, PutBatcher
 from o41.webhook.writes.pending import LEASES, PendingLease
 from o41.webhook.writes.records_backfill import backfilling_records
 from o41.webhook.writes.sweeper import sweeping
+
+log = logging.getLogger("o41.webhook")
 
 __all__ = ["Settings", "make_app", "rebuild_app"]
 
@@ -221,10 +224,12 @@ def make_app(
     app.add_routes(versions_routes.routes)
     app.add_routes(directories_routes.routes)
     usage_page.setup(app, reviewer, page=settings.usage_page)
-    if settings.metrics_address is None:
-        app.add_routes(metrics.routes)
-    else:
+    if settings.metrics_address is not None:
         app.cleanup_ctx.append(metrics_listener)
+    elif settings.tls is None:  # a cluster-internal port: /metrics beside the API
+        app.add_routes(metrics.routes)
+    else:  # the TLS port is the exposed one, and /metrics names every organization
+        log.warning("/metrics is not served: the API port is TLS (exposed); use --metrics-port")
     collections.setup(app)
     return app
 

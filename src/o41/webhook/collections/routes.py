@@ -4,6 +4,7 @@ with the state store, and buffered eventual writes are written out before it clo
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -15,6 +16,7 @@ from o41.webhook.collections.quota import Quota
 from o41.webhook.collections.service import COLLECTIONS, Collections, Options
 from o41.webhook.http import telemetry
 from o41.webhook.http.store import STORE
+from o41.webhook.http.view import VIEW
 
 __all__ = ["COLLECTIONS", "Options", "setup"]
 
@@ -50,9 +52,22 @@ def setup(app: web.Application, options: Options | None = None) -> None:
         loop = asyncio.get_running_loop()
         sweeper = loop.create_task(websocket.close_idle(holder))
         counter = loop.create_task(holder.quota.run())
+        listeners = app[VIEW].trust_listeners if VIEW in app else []
+        listener = functools.partial(_recheck_soon, loop, holder)
+        listeners.append(listener)  # a revoked token's sockets close within the watch's delay
         yield
+        listeners.remove(listener)
         sweeper.cancel()
         counter.cancel()
         await holder.engine.close()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+_RECHECKS: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak refs)
+
+
+def _recheck_soon(loop: asyncio.AbstractEventLoop, holder: Collections) -> None:
+    task = loop.create_task(websocket.recheck(holder))
+    _RECHECKS.add(task)
+    task.add_done_callback(_RECHECKS.discard)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -48,6 +49,11 @@ class Collections:
     engine: Engine | None = field(default=None)
     quota: Quota | None = field(default=None)
     sockets: dict[web.WebSocketResponse, float | None] = field(default_factory=dict)
+    # the sockets of other clusters' and service tokens' callers, and what checks each
+    # again when the view's trust changed (``websocket.recheck``)
+    rechecks: dict[web.WebSocketResponse, Callable[[], Awaitable[None]]] = field(
+        default_factory=dict
+    )
     closing: bool = False
 
     async def close_idle(self, idle_for: float, why: bytes) -> None:

@@ -37,6 +37,7 @@ RECHECK = 30.0  # seconds between checks of a WebSocket's token (the reviewer's 
 IDLE = 120.0  # seconds without a message before the service closes a WebSocket
 MAX_MESSAGE = 1024 * 1024  # bytes: a value at the limit, base64, with room to spare
 PROTOCOL = wire.PROTOCOL  # the WebSocket subprotocol (tests set another)
+REFUSED = b"the token is no longer accepted: reconnect"
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -66,10 +67,13 @@ class _Session:
     engine: Engine
     holder: Collections
     credential: auth.Credential
+    refused: bool = False  # its token is no longer accepted: closed before its next operation
 
     async def serve(self, ws: web.WebSocketResponse, who: auth.Caller) -> None:
         holder = self.holder
         holder.sockets[ws] = checked = time.monotonic()
+        if who.trust_domain is not None:  # the view's watch knows when such a token goes
+            holder.rechecks[ws] = lambda: self.recheck(ws, who)
         why, running = b"the service is shutting down: reconnect", False
         telemetry.WEBSOCKETS.inc()
         telemetry.WEBSOCKETS_OPENED.inc()
@@ -86,9 +90,9 @@ class _Session:
                 holder.sockets[ws], running = None, True  # nobody closes it until it answered
                 parsed = _parse(message.data)
                 renewing = isinstance(parsed, dict) and "auth" in parsed
-                if time.monotonic() - checked > RECHECK and not renewing:
-                    if await _recheck(self.credential) != who:
-                        why, running = b"the token is no longer accepted: reconnect", False
+                if self.refused or (time.monotonic() - checked > RECHECK and not renewing):
+                    if self.refused or await _recheck(self.credential) != who:
+                        why, running = REFUSED, False
                         break
                     checked = time.monotonic()
                 answer: str | None
@@ -115,12 +119,23 @@ class _Session:
         finally:
             telemetry.WEBSOCKETS.dec()
             holder.sockets.pop(ws, None)
+            holder.rechecks.pop(ws, None)
             if ws.closed:
                 pass
             elif running:  # cancelled during an operation (a shutdown that ran out of time)
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"stopped during the operation")
             else:
                 await ws.close(code=RECONNECT, message=why)
+
+    async def recheck(self, ws: web.WebSocketResponse, who: auth.Caller) -> None:
+        """The view's trust changed (a service token revoked, a TrustDomain or its keys
+        gone): the token is checked now, and an idle socket whose token is refused is
+        closed at once; a busy one right after its answer."""
+        if self.refused or await _recheck(self.credential) == who:
+            return
+        self.refused = True
+        if self.holder.sockets.get(ws) is not None:  # idle: between two operations
+            await ws.close(code=RECONNECT, message=REFUSED)
 
     async def _reauthenticate(self, message: dict[str, Any], who: auth.Caller) -> tuple[str, bool]:
         """A rotated token sent in band: taken when it names the same caller."""
@@ -194,6 +209,12 @@ def _refusal(ident: object, status: int, error: str, retry_after: int | None = N
     if retry_after is not None:
         answer["retry_after"] = retry_after  # seconds, as the POST's Retry-After
     return json.dumps(answer)
+
+
+async def recheck(holder: Collections) -> None:
+    """Every socket of another cluster's or a service token's caller checked again, at
+    once (the checks are offline: no round trip)."""
+    await asyncio.gather(*(check() for check in list(holder.rechecks.values())))
 
 
 async def close_idle(holder: Collections) -> None:

@@ -32,7 +32,7 @@ async def commit_directory(request: web.Request) -> web.Response:
     """Make a directory version readable, once the bucket holds every file."""
     body: DirectoryCommitIn = await parse(request, DirectoryCommitIn)
     version = request.match_info["version"]
-    return web.json_response(await write.commit(request.app, caller(request).tenant, version, body))
+    return web.json_response(await write.commit(request.app, caller(request), version, body))
 
 
 @routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files")

@@ -156,13 +156,13 @@ def _check_files(version: str, entries: list[FileEntry], held: list[ObjectStat |
 
 
 async def commit(
-    app: web.Application, namespace: str, version: str, body: DirectoryCommitIn
+    app: web.Application, caller: Caller, version: str, body: DirectoryCommitIn
 ) -> dict[str, Any]:
     """Make a directory version readable, once the bucket holds every file as declared:
     its manifest object first (beside its files), then the version and its index key in
     one transaction."""
     store = app[STORE]
-    c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=True)
+    c = await to_commit(app, caller, version, body.metadata, body.tag, directory=True)
     found, pending, metadata, tag, location, opened = c
     assert pending.manifest is not None
     entries = from_rows(pending.manifest)
@@ -176,7 +176,9 @@ async def commit(
         manifest_sha256=manifest.sha256,
         manifest_size=manifest.size,
     )
-    made = await make_version(store, pending, found.mod_revision, record, tag, namespace, opened)
+    made = await make_version(
+        store, pending, found.mod_revision, record, tag, caller.tenant, opened
+    )
     if made:  # only the commit that made the version counts it (not replays)
         count_write(app, pending, location, size)
     return {

@@ -21,9 +21,11 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from o41.core.service_tokens import DOMAIN as SERVICE_DOMAIN
+from o41.core.service_tokens import tenant_of
 from o41.core.trust import KeysUnavailable, TokenRefused
 from o41.webhook.http import telemetry
 from o41.webhook.http.errors import problem
+from o41.webhook.http.tokens import TokenVerifier
 
 log = logging.getLogger("o41.webhook.auth")  # its name is a log field: kept
 RETRY_AFTER = 5  # seconds: what a caller is told to wait when its token cannot be checked
@@ -47,9 +49,13 @@ class Caller:
     def tenant(self) -> str:
         """What its data is keyed by: the namespace for this cluster's pods (as before
         there were other clusters: no migration), ``<trust domain>:<namespace>`` for
-        another cluster's, so ``ml`` of two clusters never share a key."""
+        another cluster's, so ``ml`` of two clusters never share a key, and
+        ``vm.o41.<organization>:<subject>`` for a service token, so one subject in two
+        organizations never shares one either."""
         if self.trust_domain is None:
             return self.namespace
+        if self.organization is not None:
+            return tenant_of(self.organization, self.namespace)
         return f"{self.trust_domain}{TENANT_SEPARATOR}{self.namespace}"
 
     def described(self) -> str:
@@ -101,6 +107,7 @@ class KubernetesTokenReviewer:
         self._cache: dict[str, tuple[float, Caller | None]] = {}
 
     async def review(self, token: str) -> Caller | None:
+        TokenVerifier.parse(token)  # a ServiceAccount token is a JWT: Malformed, unasked
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
         hit = self._cache.get(key)

@@ -23,7 +23,9 @@ class Settings:
     usage_hourly_days: int = 14  # hourly usage counters kept (the chart's usage.retention)
     usage_daily_days: int = 400  # daily usage counters kept
     store_timeout: float = 5.0
-    metrics_address: tuple[str, int] | None = None  # None: /metrics on the service's port
+    # None: /metrics on the service's port, unless that port is TLS (the exposed one, and
+    # /metrics names every organization): then nowhere
+    metrics_address: tuple[str, int] | None = None
     retention_interval: float = 600.0  # seconds between passes over every covered artifact
     tls: ServingTls | None = None  # HTTPS on the service's port (the metrics port stays HTTP)
     # the /usage page (a token form and a cookie): off where the port is exposed outside the

@@ -38,9 +38,11 @@ from o41.core.trust import (
     check_header,
     shown,
 )
+from o41.jsonlimits import TooDeep, check_depth
 
 log = logging.getLogger("o41.webhook.tokens")
 MAX_TOKEN = 16 * 1024  # bytes: a projected token is about 1 KiB; refuse before decoding more
+MAX_DEPTH = 8  # JSON levels in a token's header or claims: a projected token's nest 3
 FETCH_TIMEOUT = 10.0  # seconds: a hung issuer must not hold every waiting request forever
 
 Fetch = Callable[[TrustPolicy], Awaitable[Mapping[str, Any]]]
@@ -83,9 +85,15 @@ def import_keys(jwks: Mapping[str, Any]) -> dict[str, VerifyKey]:
 
 
 def decode_segment(segment: str) -> dict[str, Any]:
-    """A base64url JSON object of a compact JWS, or :class:`Malformed`."""
+    """A base64url JSON object of a compact JWS, or :class:`Malformed`. Its depth is
+    measured before it is parsed: a token of a thousand nested arrays is a malformed
+    token, not a ``RecursionError`` (issue 37)."""
     try:
-        value = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        check_depth(raw, MAX_DEPTH, what="the token's JSON")
+        value = json.loads(raw)
+    except TooDeep as e:
+        raise Malformed(f"token is not a JWT a cluster signs: {e}", None, None) from None
     except (binascii.Error, ValueError):
         value = None
     if not isinstance(value, dict):

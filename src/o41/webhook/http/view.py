@@ -137,12 +137,20 @@ class View:
     trust: TrustedDomains = field(default_factory=TrustedDomains)  # other clusters' issuers
     service_tokens: ServiceTokens = field(default_factory=ServiceTokens)  # VMs' tokens
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+    # called when a service token's record, a TrustDomain or its keys changed: what holds
+    # a token past its request (a WebSocket) checks it again (issue 37: a revoked token's
+    # socket kept working until its next periodic check)
+    trust_listeners: list[Callable[[], None]] = field(default_factory=list)
     # each organization's locations, sorted; every begin reads them, few events change them
     _by_organization: dict[str, tuple[Location, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
     _names: dict[str, set[str]] = field(default_factory=dict, init=False, repr=False)
     _sources: dict[str, OrganizationSource] = field(default_factory=dict, init=False, repr=False)
+
+    def trust_changed(self) -> None:
+        for listener in self.trust_listeners:
+            listener()
 
     def put_location(self, location: Location) -> None:
         """Add or replace it; its organization's view follows (the organization is
@@ -277,6 +285,11 @@ class Watcher:
         self._stop.set()
 
     def _apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        self._change(kind, event, obj)
+        if kind in ("tokens", "trustdomains", "trustrecords") and event != "ADDED":
+            self._view.trust_changed()
+
+    def _change(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         name = obj["metadata"]["name"]
         view = self._view
         if kind == "records":
@@ -371,6 +384,11 @@ class Watcher:
                 self._stop.wait(1.0)
 
     def _forget_missing(self, kind: str, names: set[str]) -> None:
+        self._forget(kind, names)
+        if kind in ("tokens", "trustdomains", "trustrecords"):
+            self._view.trust_changed()  # a re-list may have missed a deletion's event
+
+    def _forget(self, kind: str, names: set[str]) -> None:
         view = self._view
         if kind == "records":
             for uid in [u for u in view.records if PREFIX + u not in names]:

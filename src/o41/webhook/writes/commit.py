@@ -19,7 +19,9 @@ from o41.core.writes import Declared, Held, WriteRefused, check_commit, etags_pr
 from o41.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook.buckets import OpenBucket, bucket_for
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
+from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
 from o41.webhook.ledger import put_record
@@ -41,11 +43,11 @@ from o41.webhook.writes.bodies import CommitIn
 
 
 async def commit(
-    app: web.Application, namespace: str, version: str, body: CommitIn
+    app: web.Application, caller: Caller, version: str, body: CommitIn
 ) -> dict[str, Any]:
     """Make a version readable, once the bucket really holds what was declared."""
     store = app[STORE]
-    c = await to_commit(app, namespace, version, body.metadata, body.tag, directory=False)
+    c = await to_commit(app, caller, version, body.metadata, body.tag, directory=False)
     found, pending, metadata, tag, location, opened = c
     bucket = opened.bucket
     if pending.upload_id is not None:
@@ -64,7 +66,7 @@ async def commit(
     )
     record = version_of(pending, held.size, held.md5 or pending.md5, metadata)
     succeeded = await make_version(
-        store, pending, found.mod_revision, record, tag, namespace, opened
+        store, pending, found.mod_revision, record, tag, caller.tenant, opened
     )
     if succeeded:  # only the commit that made the version counts it (not replays)
         count_write(app, pending, location, held.size)
@@ -91,7 +93,7 @@ class Committing(NamedTuple):
 
 async def to_commit(
     app: web.Application,
-    namespace: str,
+    caller: Caller,
     version: str,
     metadata: dict[str, Any] | None,
     tag: str | None,
@@ -99,7 +101,8 @@ async def to_commit(
     directory: bool,
 ) -> Committing:
     """The pending write a commit of ``version`` makes a version of (404: none; 403:
-    another namespace's; 409: a directory's at the file's commit, or the reverse), the
+    another tenant's, or of an organization the caller may no longer use; 409: a
+    directory's at the file's commit, or the reverse), the
     commit's ``metadata`` merged over begin's and its ``tag`` over begin's, checked."""
     found = await app[STORE].get(pending_key(version))
     if found is None:
@@ -109,8 +112,9 @@ async def to_commit(
             "already, or never began; begin again",
         )
     pending = Pending.load(found.value)
-    if pending.namespace != namespace:
+    if pending.namespace != caller.tenant:
         raise problem(403, f"write {version!r} began in another namespace")
+    organization_for(app, pending.organization, caller)  # still the caller's to use
     logs.known(organization=pending.organization, location=pending.location)
     if directory and pending.manifest is None:
         raise problem(

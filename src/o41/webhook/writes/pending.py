@@ -14,7 +14,9 @@ from aiohttp import web
 from o41.core.writes import WriteRefused
 from o41.state import LeaseNotFound, Store, StoreUnavailable
 from o41.webhook.buckets import UPLOAD_EXPIRES, bucket_for, signed
+from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem
+from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
 from o41.webhook.records import Pending, pending_key
@@ -84,17 +86,19 @@ async def put_pending(
 # --- resuming a write --------------------------------------------------------------------
 
 
-async def pending_of(app: web.Application, namespace: str, version: str) -> Pending:
-    """The caller's pending write ``version``: a write of another namespace is answered
-    as one that does not exist, so its id tells nothing."""
+async def pending_of(app: web.Application, caller: Caller, version: str) -> Pending:
+    """The caller's pending write ``version``: a write of another tenant is answered as
+    one that does not exist, so its id tells nothing; one of an organization the caller
+    may no longer use is refused as that organization would be."""
     found = await app[STORE].get(pending_key(version))
     pending = None if found is None else Pending.load(found.value)
-    if pending is None or pending.namespace != namespace:
+    if pending is None or pending.namespace != caller.tenant:
         raise problem(
             404,
             f"no write {version!r} of this namespace is waiting for its commit: it expired, "
             "was committed already, or never began; begin again",
         )
+    organization_for(app, pending.organization, caller)
     return pending
 
 
@@ -106,9 +110,9 @@ def resign_expires(pending: Pending) -> int:
     return min(UPLOAD_EXPIRES, left)
 
 
-async def progress(app: web.Application, namespace: str, version: str) -> dict[str, Any]:
+async def progress(app: web.Application, caller: Caller, version: str) -> dict[str, Any]:
     """A pending write and the parts its bucket holds already: what a resume skips."""
-    pending = await pending_of(app, namespace, version)
+    pending = await pending_of(app, caller, version)
     present: list[dict[str, Any]] = []
     if pending.upload_id is not None:
         location = app[VIEW].locations.get(pending.location)
@@ -140,10 +144,10 @@ async def progress(app: web.Application, namespace: str, version: str) -> dict[s
 
 
 async def resign(
-    app: web.Application, namespace: str, version: str, body: PartsIn
+    app: web.Application, caller: Caller, version: str, body: PartsIn
 ) -> dict[str, Any]:
     """Fresh upload requests for some parts of a pending multipart write."""
-    pending = await pending_of(app, namespace, version)
+    pending = await pending_of(app, caller, version)
     if pending.upload_id is None:
         raise WriteRefused(
             f"write {version!r} is one PUT, not parts: begin again to upload it again"

@@ -29,7 +29,7 @@ async def begin(request: web.Request) -> web.Response:
 async def progress(request: web.Request) -> web.Response:
     """A pending write and the parts its bucket holds: what a resume need not send."""
     version = request.match_info["version"]
-    return web.json_response(await pending.progress(request.app, caller(request).tenant, version))
+    return web.json_response(await pending.progress(request.app, caller(request), version))
 
 
 @routes.post("/v1/writes/{version}/parts")
@@ -37,9 +37,7 @@ async def resign(request: web.Request) -> web.Response:
     """Sign the upload of some parts of a pending multipart write again."""
     body: PartsIn = await parse(request, PartsIn)
     version = request.match_info["version"]
-    return web.json_response(
-        await pending.resign(request.app, caller(request).tenant, version, body)
-    )
+    return web.json_response(await pending.resign(request.app, caller(request), version, body))
 
 
 @routes.post("/v1/writes/{version}/commit")
@@ -47,9 +45,7 @@ async def commit(request: web.Request) -> web.Response:
     """Make a version readable, once the bucket really holds what was declared."""
     body: CommitIn = await parse(request, CommitIn)
     version = request.match_info["version"]
-    return web.json_response(
-        await committing.commit(request.app, caller(request).tenant, version, body)
-    )
+    return web.json_response(await committing.commit(request.app, caller(request), version, body))
 
 
 @routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}")
