@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from o41.artifacts import BadRequest, Client, Conflict, Error, NotFound
+from o41.artifacts import BadRequest, Client, Conflict, Damaged, Error, NotFound
 from o41.cli import main
 from o41.core.directories import MAX_FILES, MAX_PATH_BYTES
 from o41.core.ledger import parse_record
 from o41.core.places import Place
 from o41.testbed.locations import ORG
+from o41.testbed.standin_bucket import Stored
 from o41.webhook.http.store import STORE
 from test_writes import Service, serve
 
@@ -236,6 +237,46 @@ async def test_a_damaged_file_is_refused_at_commit(service: Service) -> None:
         assert r.status == 200
     status, body = await service.api("POST", f"/v1/directories/{began['version']}/commit", {})
     assert status == 409 and "a.bin" in body["error"] and "MD5" in body["error"], body
+
+
+async def test_every_read_of_a_damaged_file_raises_damaged(
+    service: Service, tmp_path: Path
+) -> None:
+    """Issue 43: a file of a directory version whose bytes in the bucket are not those
+    written is ``Damaged`` however it is read (the whole directory, ``read_file``,
+    ``read_bytes(path=)``, ``open(path=)``), named as the version names it, and nothing
+    is left at the output."""
+    client = sdk(service)
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "shards").mkdir(parents=True)
+    model = os.urandom(70_000)
+    (ckpt / "shards" / "model.bin").write_bytes(model)
+    (ckpt / "config.json").write_bytes(b'{"layers": 2}')
+    written = await asyncio.to_thread(client.write, ORG, "dmg", ckpt)
+    key = f"/bucket-east/dmg/{written.version}/shards/model.bin"
+    damaged = bytearray(model)
+    damaged[12_345] ^= 0xFF  # same size, one byte changed
+    service.storage.objects[key] = Stored(bytes(damaged))
+
+    whole, one = tmp_path / "restore", tmp_path / "model.bin"
+    reads = {
+        "read": lambda: client.read(ORG, "dmg", "latest", whole),
+        "read_file": lambda: client.read_file(ORG, "dmg", "latest", "shards/model.bin", one),
+        "read_bytes": lambda: client.read_bytes(ORG, "dmg", "latest", path="shards/model.bin"),
+        "open": lambda: client.open(ORG, "dmg", "latest", path="shards/model.bin").read(),
+    }
+    for how, read in reads.items():
+        with pytest.raises(Damaged) as raised:
+            await asyncio.to_thread(read)
+        message = str(raised.value)
+        assert f"file shards/model.bin of version {written.version}" in message, (how, message)
+        assert "o41-partial" not in message and "damaged" in message, (how, message)
+    left = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.iterdir()))
+    assert left == ["ckpt", "token"]  # no output, no partial file or folder left
+
+    service.storage.objects[key] = Stored(model[:-1])  # a byte short
+    with pytest.raises(Damaged, match="69999 bytes where its writer wrote 70000"):
+        await asyncio.to_thread(reads["read_file"])
 
 
 def _begin(files: list[dict[str, Any]], **more: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from o41.client.artifacts import Artifacts, Read
-from o41.client.errors import ArtifactError
+from o41.client.errors import ArtifactError, Damaged
 from o41.client.reads import RangeReader
 from o41.client.retries import begin_elsewhere
 from o41.client.transfers import BLOCK, Body, Pool, Progress, Source, put
@@ -252,14 +252,16 @@ def locate_file(
 
 def _fetch(
     pool: Pool,
-    req: Mapping[str, Any],
+    found: Mapping[str, Any],
+    entry: Mapping[str, Any],
     dest: Path,
-    size: int,
-    md5: str,
-    location: str,
     progress: Callable[[int], None],
 ) -> None:
-    """One file in one GET to ``dest``, checked against its size and MD5."""
+    """One file of a directory version (``entry``: its path, size, MD5 and signed
+    download; ``found``: the version's read answer) in one GET to ``dest``, checked
+    against its size and MD5: :class:`Damaged`, naming the file as the version names it,
+    when the bytes are not those written."""
+    req, location = entry["download"], found["location"]
     digest = hashlib.md5()  # noqa: S324 - integrity
     got = 0
     try:
@@ -276,10 +278,17 @@ def _fetch(
     except OSError as e:
         pool.forget(req["url"])
         raise ArtifactError(f"download from {location} failed: {e}; read it again") from None
+    size, md5 = entry["size"], entry["md5"]
     if got != size or digest.hexdigest() != md5:
-        raise ArtifactError(
-            f"the download of {dest.name} is damaged ({got} of {size} bytes, or a bad "
-            "checksum): read it again"
+        differs = (
+            f"{got} bytes where its writer wrote {size}"
+            if got != size
+            else f"MD5 {digest.hexdigest()}, but its writer recorded {md5}"
+        )
+        raise Damaged(
+            f"file {entry['path']} of version {found['version']} at location {location} has "
+            f"{differs}: the bucket's copy is damaged. Nothing was written; read it again, and "
+            "if this repeats, write the version again"
         )
 
 
@@ -304,7 +313,7 @@ def read_dir(
     def one(f: Mapping[str, Any]) -> None:
         dest = partial.joinpath(*f["path"].split("/"))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _fetch(pool, f["download"], dest, f["size"], f["md5"], found["location"], progress)
+        _fetch(pool, found, f, dest, progress)
 
     try:
         partial.mkdir(parents=True)
@@ -339,15 +348,7 @@ def read_file(
     pool = Pool(api.timeout)
     try:
         progress = Progress(found["size"], f"download from {found['location']}")
-        _fetch(
-            pool,
-            found["download"],
-            partial,
-            found["size"],
-            found["md5"],
-            found["location"],
-            progress,
-        )
+        _fetch(pool, found, {**found, "path": found.get("path", path)}, partial, progress)
         partial.replace(out)
     except BaseException:
         partial.unlink(missing_ok=True)

@@ -452,7 +452,7 @@ class RangeReader(io.RawIOBase):
     """A version's bytes as a file object, read from the bucket as they are asked for: one
     streaming GET from the current position, a ranged GET again after a seek. Read from
     start to end without seeking, the bytes are checked against the version's size and,
-    when the service gave one, its MD5 (:class:`ArtifactError` at the end if they differ)."""
+    when the service gave one, its MD5 (:class:`Damaged` at the end if they differ)."""
 
     def __init__(self, found: Mapping[str, Any], timeout: float) -> None:
         super().__init__()
@@ -550,9 +550,14 @@ class RangeReader(io.RawIOBase):
     def _finish(self) -> None:
         self._drop()
         if self._md5 is not None and self._whole and self._md5.hexdigest() != self._found["md5"]:
-            self._md5 = None
+            got, self._md5 = self._md5.hexdigest(), None
+            what = f"version {self._found['version']}"
+            if self._found.get("path"):  # a file of a directory version
+                what = f"file {self._found['path']} of {what}"
             raise Damaged(
-                f"download of {self._found['version']} is damaged (a bad checksum): read it again"
+                f"{what} at location {self._found['location']} has MD5 {got}, but its writer "
+                f"recorded {self._found['md5']}: the bucket's copy is damaged. Read it again, "
+                "and if this repeats, write the version again"
             )
 
     def readall(self) -> bytes:
