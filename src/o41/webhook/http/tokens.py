@@ -43,6 +43,7 @@ from o41.jsonlimits import TooDeep, check_depth
 log = logging.getLogger("o41.webhook.tokens")
 MAX_TOKEN = 16 * 1024  # bytes: a projected token is about 1 KiB; refuse before decoding more
 MAX_DEPTH = 8  # JSON levels in a token's header or claims: a projected token's nest 3
+MAX_CONTAINERS = 64  # arrays and objects in either: a projected token's claims hold 5
 FETCH_TIMEOUT = 10.0  # seconds: a hung issuer must not hold every waiting request forever
 
 Fetch = Callable[[TrustPolicy], Awaitable[Mapping[str, Any]]]
@@ -90,10 +91,16 @@ def decode_segment(segment: str) -> dict[str, Any]:
     token, not a ``RecursionError`` (issue 37)."""
     try:
         raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
-        check_depth(raw, MAX_DEPTH, what="the token's JSON")
+        check_depth(raw, MAX_DEPTH, what="the token's JSON", max_containers=MAX_CONTAINERS)
         value = json.loads(raw)
     except TooDeep as e:
-        raise Malformed(f"token is not a JWT a cluster signs: {e}", None, None) from None
+        reason = str(e).split(":")[0]  # what was wrong; the fix is a token's, not a body's
+        raise Malformed(
+            f"token is not a JWT a cluster signs ({reason}): send the pod's ServiceAccount "
+            "token as it is",
+            None,
+            None,
+        ) from None
     except (binascii.Error, ValueError):
         value = None
     if not isinstance(value, dict):
