@@ -14,8 +14,10 @@ from o41.core.writes import (
     CommitRefused,
     Declared,
     Held,
+    HeldPart,
     WriteRefused,
     check_commit,
+    check_parts,
     etags_problem,
     normal_place,
     signs_locally,
@@ -162,3 +164,14 @@ def test_locality_is_local_only_in_the_same_cloud_and_region(
         assert how_far == Locality.CROSS_REGION
     else:
         assert how_far == Locality.LOCAL
+
+
+def test_parts_are_checked_against_what_their_writer_recorded() -> None:
+    recorded = ["AAAAAA==", "AAAAAQ==", "AAAAAg=="]
+    size = 2 * PART_SIZE + 10
+    fine = [HeldPart(1, PART_SIZE, "AAAAAA=="), HeldPart(3, 10), HeldPart(2, PART_SIZE)]
+    check_parts("v", size, PART_SIZE, recorded, fine)  # missing or unchecked: not refused here
+    with pytest.raises(CommitRefused, match=r"part 2 of 3 .* has CRC32 AAAAAw== in the bucket"):
+        check_parts("v", size, PART_SIZE, recorded, [HeldPart(2, PART_SIZE, "AAAAAw==")])
+    with pytest.raises(CommitRefused, match=r"part 3 of 3 .* is 11 bytes .* part 3 is 10 bytes"):
+        check_parts("v", size, PART_SIZE, recorded, [HeldPart(3, 11)])

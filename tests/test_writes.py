@@ -6,10 +6,12 @@ runs these."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ from aiohttp.test_utils import TestServer
 
 from o41.client import reads, transfers
 from o41.client.artifacts import Artifacts
-from o41.client.errors import Damaged
-from o41.core.parts import PART_SIZE
+from o41.client.errors import ArtifactError, Damaged, Unavailable
+from o41.client.transfers import part_checksums
+from o41.core.parts import PART_SIZE, crc32_b64
 from o41.core.places import Place
 from o41.state import Store
 from o41.state.memory import MemoryStore
-from o41.storage import ObjectStat
+from o41.storage import MultipartUpload, ObjectStat, Part, Reason, StorageError
 from o41.testbed.locations import ORG, Keys, location
 from o41.testbed.standin_bucket import StandInBucket, Storage, Stored
 from o41.testbed.usage import FakeReviewer
@@ -333,6 +336,121 @@ async def test_a_resume_sends_again_a_part_that_differs(service: Service, tmp_pa
     assert got == data
     key = f"/bucket-east/d/{began['version']}"
     assert sorted(service.storage.puts) == [f"{key} 1", f"{key} 1", f"{key} 2"]
+
+
+class ListsPartChecksums(StandInBucket):
+    """The stand-in listing each part's CRC32, as S3 lists the parts of an upload begun
+    with CRC32 checksums."""
+
+    def list_parts(self, key: str, upload: MultipartUpload | str) -> list[Part]:
+        upload_id = upload if isinstance(upload, str) else upload.upload_id
+        with self._storage.lock:
+            held = {n: d for (u, n), d in self._storage.parts.items() if u == upload_id}
+        return [
+            replace(p, crc32=crc32_b64(zlib.crc32(held[p.number])))
+            for p in super().list_parts(key, upload)
+        ]
+
+
+async def test_a_resume_or_commit_with_another_files_bytes_is_refused(tmp_path: Path) -> None:
+    """Issue 43: parts of another file of the same size are refused by the resume before a
+    byte is sent, and by the commit where the bucket shows each part's CRC32; the write
+    stays pending, and its own file then resumes and commits."""
+
+    def opener(storage: Storage) -> Any:
+        return lambda ref: ListsPartChecksums(ref, storage)
+
+    async for service in serve(tmp_path, opener=opener):
+        began_with, other = os.urandom(PART_SIZE + 1000), os.urandom(PART_SIZE + 1000)
+        path, other_path = tmp_path / "ckpt", tmp_path / "other"
+        path.write_bytes(began_with)
+        other_path.write_bytes(other)
+        place = {"cloud": "aws", "region": "us-east-1", "source": "env"}
+        body = {"organization": ORG, "artifact": "c", "size": len(began_with), "place": place}
+        body |= {"partSize": PART_SIZE, "crc32": part_checksums(path, len(began_with), PART_SIZE)}
+        status, began = await service.api("POST", "/v1/writes", body)
+        assert status == 201, began
+        version = began["version"]
+        client = service.client("aws", "us-east-1")
+
+        # the SDK: refused before a byte is sent
+        with pytest.raises(ArtifactError) as refused:
+            await asyncio.to_thread(client.write, ORG, "c", other_path, resume=version)
+        assert str(refused.value).startswith(f"write {version} began with another file: part 1")
+        assert "resume with the file it began with" in str(refused.value)
+        assert service.storage.puts == []
+
+        # a client that sends them anyway: the commit refuses, 409, before assembling them
+        etags = []
+        async with aiohttp.ClientSession() as s:
+            for n, part in enumerate(began["upload"]["multipart"]["parts"]):
+                chunk = other[n * PART_SIZE : (n + 1) * PART_SIZE]
+                async with s.put(part["url"], data=chunk, headers=part["headers"]) as r:
+                    assert r.status == 200
+                    etags.append(r.headers["ETag"])
+        status, answer = await service.api("POST", f"/v1/writes/{version}/commit", {"etags": etags})
+        assert status == 409, answer
+        assert f"part 1 of 2 of write {version!r}" in answer["error"]
+        assert "another file's bytes" in answer["error"] and "stays pending" in answer["error"]
+        status, pending = await service.api("GET", f"/v1/writes/{version}")
+        assert status == 200 and len(pending["present"]) == 2, pending
+        status, _ = await service.api("GET", f"/v1/organizations/{ORG}/artifacts/c/versions/latest")
+        assert status == 404
+
+        written = await asyncio.to_thread(client.write, ORG, "c", path, resume=version)
+        assert written.version == version
+        got, _ = await asyncio.to_thread(client.read_bytes, ORG, "c", "latest")
+        assert got == began_with
+
+
+class FailsToAssemble(StandInBucket):
+    """The stand-in while ``broken`` holds: it takes the parts, then fails to assemble
+    them (an outage of the store at the commit)."""
+
+    broken = True
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload: MultipartUpload | str,
+        etags: Sequence[str],
+        crc32: Sequence[str] | None = None,
+    ) -> None:
+        if FailsToAssemble.broken:
+            raise StorageError(Reason.BACKEND_ERROR, "the store is down", retryable=True)
+        super().complete_multipart(key, upload, etags, crc32)
+
+
+async def test_a_write_in_parts_that_fails_says_how_to_resume_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 43: the version id a restarted job resumes with is a warning (default logging
+    shows it) and is on the exception that ended the write, not only an INFO line."""
+
+    def opener(storage: Storage) -> Any:
+        return lambda ref: FailsToAssemble(ref, storage)
+
+    async for service in serve(tmp_path, opener=opener):
+        data = os.urandom(PART_SIZE + 1000)
+        path = tmp_path / "ckpt"
+        path.write_bytes(data)
+        client = service.client("aws", "us-east-1")
+        FailsToAssemble.broken = True
+        with caplog.at_level(logging.WARNING, "o41"), pytest.raises(Unavailable) as failed:
+            await asyncio.to_thread(client.write, ORG, "ckpt", path)
+        version = failed.value.resume
+        assert version is not None
+        hint = f"resume={version!r} (o41 write --resume {version})"
+        assert hint in str(failed.value) and "the store is down" in str(failed.value)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(hint in w for w in warned), warned
+
+        FailsToAssemble.broken = False  # the store is back: the parts are not sent again
+        sent = list(service.storage.puts)
+        written = await asyncio.to_thread(client.write, ORG, "ckpt", path, resume=version)
+        assert written.version == version and service.storage.puts == sent
+        got, _ = await asyncio.to_thread(client.read_bytes, ORG, "ckpt", "latest")
+        assert got == data
 
 
 async def test_only_the_namespace_that_began_a_write_sees_or_resumes_it(

@@ -40,7 +40,7 @@ from o41.client.errors import (
     service_error,
 )
 from o41.client.reads import NoRanges, RangeReader, download, into_memory, range_size, read_range
-from o41.client.retries import begin_elsewhere, kept_parts
+from o41.client.retries import begin_elsewhere, kept_parts, other_file
 from o41.client.transfers import (
     PartURLs,
     Source,
@@ -98,6 +98,24 @@ class Read:
 
 def _q(name: str) -> str:
     return urllib.parse.quote(name, safe="")
+
+
+def resumable(e: BaseException, version: str, artifact: str) -> None:
+    """Say how to resume the write in parts ``version`` that ``e`` ended (its parts stay in
+    the bucket): a warning, which default logging shows, and on the exception itself
+    (``resume`` and its message; a note on one that is not the SDK's)."""
+    hint = (
+        f"the parts of version {version} of {artifact} sent so far stay in the bucket: write "
+        f"the same file again with resume={version!r} (o41 write --resume {version}) to send "
+        "only the missing parts"
+    )
+    log.warning("write of %s in parts stopped (%s); %s", artifact, e or type(e).__name__, hint)
+    if isinstance(e, ArtifactError):
+        if e.resume is None:
+            e.resume = version
+            e.args = (f"{e}; {hint}", *e.args[1:])
+    else:
+        e.add_note(hint)
 
 
 class Artifacts:
@@ -248,8 +266,12 @@ class Artifacts:
             )
             return began
 
+        in_parts: list[str] = []  # the write in parts under way, whose parts would stay
+
         def send(began: Mapping[str, Any]) -> tuple[list[str], str | None]:
+            in_parts.clear()
             if "multipart" in began["upload"]:
+                in_parts.append(began["version"])
                 log.info(
                     "writing version %s of %s in parts; should this stop, write again with "
                     "resume=%r (o41 write --resume %s) to send only the missing parts",
@@ -261,11 +283,16 @@ class Artifacts:
             sign = self._signer(began["version"])
             return upload(source, size, began, began["location"], sign, self.timeout)
 
-        began, (etags, md5) = begin_elsewhere(begin, send)
-        commit: dict[str, Any] = {"etags": etags}
-        if md5:
-            commit["md5"] = md5
-        done = self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
+        try:
+            began, (etags, md5) = begin_elsewhere(begin, send)
+            commit: dict[str, Any] = {"etags": etags}
+            if md5:
+                commit["md5"] = md5
+            done = self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
+        except BaseException as e:
+            if in_parts:
+                resumable(e, in_parts[0], artifact)
+            raise
         return Written(
             began["version"],
             began["location"],
@@ -304,18 +331,30 @@ class Artifacts:
             )
         part_size: int = found["partSize"]
         parts: int = found["parts"]
-        kept = kept_parts(source, size, part_size, found["present"])
+        recorded = found.get("crc32")
+        mine = None
+        if isinstance(recorded, list) and recorded:  # the write recorded its file's parts
+            mine = part_checksums(source, size, part_size)
+            if why := other_file(version, size, part_size, mine, recorded):
+                raise ArtifactError(why)
+        kept = kept_parts(source, size, part_size, found["present"], mine)
         missing = [n for n in range(1, parts + 1) if n not in kept]
         log.info("resuming write %s: %d of %d parts are in the bucket", version, len(kept), parts)
         urls = PartURLs(self._signer(version), missing)
         location = found["location"]
-        etags = upload_parts(source, size, part_size, parts, urls, location, kept, self.timeout)
-        commit: dict[str, Any] = {"etags": etags}
+        commit: dict[str, Any] = {}
         if metadata is not None:
             commit["metadata"] = dict(metadata)
         if tag is not None:
             commit["tag"] = tag
-        done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit)
+        try:
+            commit["etags"] = upload_parts(
+                source, size, part_size, parts, urls, location, kept, self.timeout
+            )
+            done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit)
+        except BaseException as e:
+            resumable(e, version, artifact)
+            raise
         return Written(version, done["location"], found["rule"], None, size, done.get("tag"))
 
     def _signer(self, version: str) -> Callable[[list[int]], Mapping[str, Any]]:

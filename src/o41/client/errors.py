@@ -13,7 +13,11 @@ from typing import Any
 
 
 class ArtifactError(Exception):
-    """A refusal or failure the user can act on; the message says how."""
+    """A refusal or failure the user can act on; the message says how. ``resume``: the
+    version id of a write in parts that this error ended while its parts stay in the
+    bucket (``write(..., resume=...)``, ``o41 write --resume``), else None."""
+
+    resume: str | None = None
 
 
 class TransportError(ArtifactError):

@@ -15,7 +15,7 @@ again by the transfer itself (``o41.client.transfers.Pool``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from o41.client.errors import ArtifactError, ServiceError, UploadFailed
@@ -65,13 +65,45 @@ def begin_elsewhere(
     raise ArtifactError(f"gave up after {MAX_BEGINS} locations failed: {', '.join(exclude)}")
 
 
-def part_matches(source: Source, offset: int, length: int, held: Mapping[str, Any]) -> bool:
+def other_file(
+    version: str, size: int, part_size: int, mine: Sequence[str], recorded: Sequence[str]
+) -> str | None:
+    """Why the file a resume was given is not the one write ``version`` began with (its
+    parts' CRC32s, ``mine``, differ from those the write recorded at begin), or None:
+    the refusal comes before a byte is sent, and the write stays pending."""
+    for n, (have, had) in enumerate(zip(mine, recorded, strict=False), start=1):
+        if have != had:
+            first = (n - 1) * part_size
+            last = min(first + part_size, size) - 1
+            return (
+                f"write {version} began with another file: part {n} of {len(recorded)} (bytes "
+                f"{first}-{last}) has CRC32 {have} in this file, but the write recorded {had} "
+                "at its begin. Nothing was sent and the write stays pending: resume with the "
+                "file it began with, or write this one again without resume"
+            )
+    if len(mine) != len(recorded):
+        return (
+            f"write {version} recorded {len(recorded)} parts at its begin, but this file has "
+            f"{len(mine)}: resume with the file it began with, or write this one again "
+            "without resume"
+        )
+    return None
+
+
+def part_matches(
+    source: Source,
+    offset: int,
+    length: int,
+    held: Mapping[str, Any],
+    crc32: str | None = None,
+) -> bool:
     """Whether a part the bucket holds is this slice of the file: its size, and its CRC32
-    or, failing that, its ETag when the ETag is an MD5 (S3 without KMS, GCS)."""
+    (``crc32``: the slice's, when known already) or, failing that, its ETag when the ETag
+    is an MD5 (S3 without KMS, GCS)."""
     if held.get("size") != length:
         return False
     if held.get("crc32"):
-        return bool(source.crc32(offset, length) == held["crc32"])
+        return bool((crc32 or source.crc32(offset, length)) == held["crc32"])
     etag = str(held.get("etag") or "").strip('"').lower()
     if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):
         return source.md5(offset, length) == etag
@@ -79,14 +111,20 @@ def part_matches(source: Source, offset: int, length: int, held: Mapping[str, An
 
 
 def kept_parts(
-    source: Source, size: int, part_size: int, present: list[Mapping[str, Any]]
+    source: Source,
+    size: int,
+    part_size: int,
+    present: list[Mapping[str, Any]],
+    crc32: Sequence[str] | None = None,
 ) -> dict[int, str]:
     """What a resume keeps of the parts its bucket holds (``present``, as the service
-    lists them): those that are this file's, by number, with their ETags."""
+    lists them): those that are this file's, by number, with their ETags. ``crc32``: the
+    file's parts' CRC32s, when computed already."""
     kept: dict[int, str] = {}
     for held in present:
         n = held["number"]
         offset = (n - 1) * part_size
-        if part_matches(source, offset, min(part_size, size - offset), held):
+        known = crc32[n - 1] if crc32 is not None and n <= len(crc32) else None
+        if part_matches(source, offset, min(part_size, size - offset), held, known):
             kept[n] = str(held.get("etag") or "")
     return kept

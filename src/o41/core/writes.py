@@ -168,6 +168,49 @@ def check_commit(version: str, declared: Declared, held: Held | None) -> Held:
     return held
 
 
+@dataclass(frozen=True, slots=True)
+class HeldPart:
+    """A part of an unfinished upload as the bucket lists it: its size and, where the
+    bucket keeps one (S3), its CRC32."""
+
+    number: int
+    size: int
+    crc32: str | None = None
+
+
+def check_parts(
+    version: str, size: int, part_size: int, recorded: Sequence[str], held: Iterable[HeldPart]
+) -> None:
+    """Refuse (:class:`CommitRefused`) before the parts are assembled when one the bucket
+    holds is not the bytes its writer recorded at begin: another size than the cut
+    gives, or a CRC32 (where the bucket shows one) other than the recorded one. Nothing
+    is committed, the write stays pending and its parts stay, so a resume with the file
+    it began with still works. Missing parts are the assembly's to refuse."""
+    parts = len(recorded)
+    for part in held:
+        n = part.number
+        if not 1 <= n <= parts:
+            continue
+        offset = (n - 1) * part_size
+        expected = min(part_size, size - offset)
+        if part.size != expected:
+            raise CommitRefused(
+                f"part {n} of {parts} of write {version!r} is {part.size} bytes in the bucket, "
+                f"but the write's part {n} is {expected} bytes (bytes {offset}-"
+                f"{offset + expected - 1}): nothing was committed and the write stays pending; "
+                "resume it with the file it began with, or write the file again without resume"
+            )
+        if part.crc32 and part.crc32 != recorded[n - 1]:
+            raise CommitRefused(
+                f"part {n} of {parts} of write {version!r} (bytes {offset}-"
+                f"{offset + expected - 1}) has CRC32 {part.crc32} in the bucket, but its writer "
+                f"recorded {recorded[n - 1]} at begin: these are another file's bytes (a resume "
+                "with another file of the same size?). Nothing was committed and the write "
+                "stays pending: resume it with the file it began with, or write the new file "
+                "again without resume"
+            )
+
+
 # --- how a URL is signed -----------------------------------------------------------------
 
 

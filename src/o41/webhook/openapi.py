@@ -88,6 +88,10 @@ class ProgressOut(Out):
     multipart: bool
     part_size: int | None = Field(alias="partSize")
     parts: int = Field(description="How many parts the write has in all.")
+    crc32: list[str] | None = Field(
+        description="Each part's CRC32 as its writer recorded it at begin (null: none sent); "
+        "a resume refuses a file whose parts differ."
+    )
     present: list[PresentPart]
     expires_in: int = Field(alias="expiresIn", description="Seconds left to commit it.")
 

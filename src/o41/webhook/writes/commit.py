@@ -15,12 +15,20 @@ from aiohttp import web
 from o41 import logs
 from o41.core.ledger import micros
 from o41.core.versions import check_metadata, check_tag, index_suffix
-from o41.core.writes import Declared, Held, WriteRefused, check_commit, etags_problem
+from o41.core.writes import (
+    Declared,
+    Held,
+    HeldPart,
+    WriteRefused,
+    check_commit,
+    check_parts,
+    etags_problem,
+)
 from o41.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook.buckets import OpenBucket, bucket_for
 from o41.webhook.http.auth import Caller
-from o41.webhook.http.errors import problem
+from o41.webhook.http.errors import LocationFailed, problem
 from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW
@@ -54,6 +62,7 @@ async def commit(
         if why := etags_problem(pending.parts, body.etags):
             raise WriteRefused(why)
         upload_id = pending.upload_id
+        await parts_as_recorded(opened, location, pending, upload_id)
         await opened.call(
             location.name,
             lambda: bucket.complete_multipart(pending.key, upload_id, body.etags, pending.crc32),
@@ -77,6 +86,30 @@ async def commit(
         "md5": record.md5,
         "tag": tag,
     }
+
+
+async def parts_as_recorded(
+    opened: OpenBucket, location: Location, pending: Pending, upload_id: str
+) -> None:
+    """Before the parts are assembled, the bucket's listing of them against what the writer
+    recorded at begin (:func:`check_parts`): a refusal keeps the write pending with its
+    parts. Where a listing cannot be had (an upload a replayed commit assembled already)
+    the assembly and the whole object's checks still decide."""
+    if not pending.crc32 or not pending.part_size or pending.size is None:
+        return  # nothing recorded to compare with
+    try:
+        held = await opened.call(
+            location.name, lambda: opened.bucket.list_parts(pending.key, upload_id)
+        )
+    except LocationFailed:
+        return
+    check_parts(
+        pending.version,
+        pending.size,
+        pending.part_size,
+        pending.crc32,
+        (HeldPart(p.number, p.size, p.crc32) for p in held),
+    )
 
 
 class Committing(NamedTuple):

@@ -138,6 +138,7 @@ async def progress(app: web.Application, caller: Caller, version: str) -> dict[s
         "multipart": pending.upload_id is not None,
         "partSize": pending.part_size,
         "parts": pending.parts,
+        "crc32": pending.crc32,  # each part's, as its writer recorded them: a resume compares
         "present": present,
         "expiresIn": max(0, int(pending.began + PENDING_TTL - time.time())),
     }
