@@ -54,6 +54,12 @@ def manifest_key(organization: str, artifact: str, version: str) -> bytes:
     return PREFIX + f"manifests/{organization}/{artifact}/{version}".encode()
 
 
+def deleted_key(organization: str, artifact: str, version: str) -> bytes:
+    """Where a version retention deleted is remembered for a while (under a lease), so
+    that a read of it says so instead of "no committed version"."""
+    return PREFIX + f"deleted/{organization}/{artifact}/{version}".encode()
+
+
 def artifact_key(organization: str, artifact: str) -> bytes:
     return PREFIX + f"artifacts/{organization}/{artifact}".encode()
 

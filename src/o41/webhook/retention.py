@@ -16,7 +16,9 @@ A version is deleted in three steps, each safe to repeat and to stop after:
    the same object), **delete** the object in the location's bucket (idempotent: a key
    with no object is not an error), the version's manifest and record objects last
    (``o41.webhook.ledger``), then both etcd records in one transaction guarded by the
-   marked revision.
+   marked revision, which also leaves a small key (``deleted/ORG/ARTIFACT/VERSION``, under
+   a lease of :data:`DELETED_REMEMBERED`) so that a read of the version says retention
+   deleted it rather than that it never was.
    A directory version's objects are every one under its prefix (``<artifact>/<version>/``,
    one listing, deletes in parallel, each idempotent); its ``manifests/`` record goes in
    that same last transaction, so a stop halfway through its files leaves the marked
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +51,7 @@ from aiohttp import web
 from o41.core.ledger import Deletion, micros, record_key
 from o41.core.ledger import manifest_key as manifest_object_key
 from o41.core.retention import Row, choose, keep_for
-from o41.state import Compare, Delete, KeyValue, Put, StoreUnavailable
+from o41.state import Compare, Delete, KeyValue, LeaseNotFound, Put, StoreUnavailable
 from o41.webhook.buckets import bucket_for, delete_files
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.settings import SETTINGS
@@ -61,6 +64,7 @@ from o41.webhook.records import (
     Version,
     artifact_key,
     artifacts_prefix,
+    deleted_key,
     index_prefix,
     manifest_key,
     tags_prefix,
@@ -71,6 +75,10 @@ from o41.webhook.usage.counters import USAGE, location_dims
 log = logging.getLogger(__name__)
 
 BATCH = 200  # index keys read at a time
+#: How long a deleted version reads as "deleted by the retention rule" (then as "no
+#: committed version"): its key is small, but a rule that deletes a version every few
+#: minutes for years must not fill etcd. One lease a day, shared by that day's deletions.
+DELETED_REMEMBERED = 30 * 24 * 3600
 MAX_TAGS = 10_000  # tags read per artifact (more: the artifact is left alone, logged)
 
 
@@ -83,6 +91,18 @@ class Retention:
         self._wake = asyncio.Event()
         self.deleted = 0  # versions this replica deleted (tests, logs)
         self.passes = 0  # passes this replica finished
+        self._remembered = (-1, 0)  # (day, lease) the deleted versions' keys go under
+
+    async def _remembering(self, lost: int = 0) -> int:
+        """The lease of today's deleted versions' keys; a new one in place of ``lost``
+        (expired or revoked in etcd under the service)."""
+        day, lease = self._remembered
+        today = int(time.time() // 86400)
+        if day == today and lease and lease != lost:
+            return lease
+        lease = await self._app[STORE].lease_grant(DELETED_REMEMBERED + 86400)
+        self._remembered = (today, lease)
+        return lease
 
     def committed(self, organization: str, artifact: str) -> None:
         """A commit of ``artifact``: a pass over it soon, if a rule covers it."""
@@ -241,7 +261,15 @@ class Retention:
         except LocationFailed as e:
             log.warning("retention: version %s not deleted: %s", record.version, e)
             return 0
-        result = await store.txn([Compare(vkey, "mod", "==", current.mod_revision)], records)
+        guard = [Compare(vkey, "mod", "==", current.mod_revision)]
+        said = json.dumps({"deleted": record.deleting, "seq": record.seq}).encode()
+        remembered = deleted_key(organization, artifact, record.version)
+        lease = await self._remembering()
+        try:
+            result = await store.txn(guard, [*records, Put(remembered, said, lease=lease)])
+        except LeaseNotFound:
+            lease = await self._remembering(lost=lease)
+            result = await store.txn(guard, [*records, Put(remembered, said, lease=lease)])
         if not result.succeeded:
             return 0  # another replica's pass finished it
         app[USAGE].add(

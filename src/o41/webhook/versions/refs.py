@@ -15,7 +15,7 @@ from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import ARTIFACT_PATTERN, organization_for
 from o41.webhook.http.store import STORE
 from o41.webhook.records import ArtifactRecord as ArtifactRow
-from o41.webhook.records import Tag, artifact_key, tag_key, version_key
+from o41.webhook.records import Tag, artifact_key, deleted_key, tag_key, version_key
 from o41.webhook.records import Version as VersionRecord
 
 _ARTIFACT = re.compile(ARTIFACT_PATTERN)
@@ -99,6 +99,8 @@ async def resolve(
         tag, version = ref, Tag.load(found.value).version
     got = await store.get(version_key(organization, artifact, version))
     if got is None:
+        if await store.get(deleted_key(organization, artifact, version)) is not None:
+            raise deleted_by_retention(organization, artifact, version)
         raise _no_version(organization, artifact, version)
     record = VersionRecord.load(got.value)
     if record.deleting is not None:
