@@ -107,7 +107,8 @@ class KubernetesTokenReviewer:
         self._cache: dict[str, tuple[float, Caller | None]] = {}
 
     async def review(self, token: str) -> Caller | None:
-        TokenVerifier.parse(token)  # a ServiceAccount token is a JWT: Malformed, unasked
+        if token.count(".") == 2:  # a JWT's parts are measured before anyone parses them
+            TokenVerifier.parse(token)  # Malformed: answered so, the API never asked
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
         hit = self._cache.get(key)
