@@ -22,7 +22,7 @@ WORKDIR /src
 COPY requirements/lock.txt requirements/lock.txt
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip wheel --wheel-dir /wheels --constraint requirements/lock.txt .
+RUN pip wheel --wheel-dir /wheels --constraint requirements/lock.txt ".[server]"
 
 FROM python:${PYTHON}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
@@ -31,7 +31,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
 COPY --from=build /wheels /wheels
 COPY --from=etcd /usr/local/bin/etcdutl /usr/local/bin/etcdutl
 COPY requirements/lock.txt /tmp/lock.txt
-RUN pip install --no-index --find-links /wheels --constraint /tmp/lock.txt o41-artifacts \
+RUN pip install --no-index --find-links /wheels --constraint /tmp/lock.txt "o41-artifacts[server]" \
     && rm -rf /wheels /tmp/lock.txt \
     && groupadd --gid 10001 o41 \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

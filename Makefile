@@ -13,7 +13,7 @@ deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c requirements/lock.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c requirements/lock.txt -e '.[server,dev]'
 	touch $@
 
 bins:

@@ -709,7 +709,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "o41") -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG
-    return handler(args)
+    try:
+        return handler(args)
+    except ModuleNotFoundError as e:  # a platform admin's command on the light install
+        if not e.name or e.name.split(".")[0] == "o41":
+            raise
+        print(
+            f"{prog}: this command needs the server's packages ({e.name} is not installed): "
+            "pip install 'o41-artifacts[server]'",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
 
 
 def kubectl_main() -> int:

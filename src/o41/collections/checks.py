@@ -13,7 +13,7 @@ from typing import Any
 from o41.collections import keys
 from o41.collections.keys import check_encoded
 from o41.collections.values import MAX_VALUE
-from o41.state import Consistency, KeyValue
+from o41.state.base import Consistency, KeyValue
 
 ROOT = b"/o41/collections/"
 KINDS = ("dict", "set", "counter", "queue", "registry", "barrier", "lock")

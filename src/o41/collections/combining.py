@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from o41.collections.checks import Busy, counter_value
-from o41.state import Compare, Get, Op, Put, Store
+from o41.state.base import Compare, Get, Op, Put, Store
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
 

@@ -62,7 +62,7 @@ from o41.collections.checks import (
 from o41.collections.combining import MAX_TXN_OPS, Combiner, StrongCounter, StrongQueue
 from o41.collections.locks import Locks
 from o41.collections.replica import Buffered, Changes, CounterPending, Replica
-from o41.state import (
+from o41.state.base import (
     Compare,
     Delete,
     Get,

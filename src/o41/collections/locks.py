@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from o41.collections.checks import float_arg, id_arg, int_arg
-from o41.state import (
+from o41.state.base import (
     Compare,
     Delete,
     Get,

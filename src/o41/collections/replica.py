@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from o41.collections.buffer import Buffer
 from o41.collections.checks import counter_value
-from o41.state import Get, KeyValue, Store, StoreUnavailable, WatchEvent
+from o41.state.base import Get, KeyValue, Store, StoreUnavailable, WatchEvent
 
 log = logging.getLogger(__name__)
 

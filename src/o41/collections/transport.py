@@ -671,7 +671,7 @@ class EmbeddedTransport:
         import asyncio
 
         from o41.collections.checks import CollectionError as Refused
-        from o41.state import StoreUnavailable
+        from o41.state.base import StoreUnavailable
 
         future = asyncio.run_coroutine_threadsafe(
             self.engine.call(self.namespace, compute, kind, name, op, args), self._loop

@@ -38,7 +38,7 @@ import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
 from aetcd import rpc
 
-from o41.state import (
+from o41.state.base import (
     Compare,
     Consistency,
     Delete,

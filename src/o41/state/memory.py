@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from o41.state import (
+from o41.state.base import (
     Compare,
     Consistency,
     Delete,
