@@ -296,6 +296,25 @@ def test_log_format_reaches_both_servers_and_is_checked() -> None:
     assert "logFormat" in done.stderr
 
 
+def test_trust_domains_allowed_networks_and_own_issuer_reach_both_servers() -> None:
+    """Issue 37: loopback and private issuers only where the chart says; both servers fetch
+    keys (the operator's timer, the service's unknown-kid refetch)."""
+    own = "https://kubernetes.default.svc.cluster.local"
+    docs = render("trustDomains.allowedNetworks={10.0.0.0/8,127.0.0.1/32}",
+                  f"trustDomains.ownIssuer={own}")  # fmt: skip
+    for suffix in ("-operator", "-placement"):
+        env = {
+            e["name"]: e.get("value") for e in container(find(docs, "Deployment", suffix))["env"]
+        }
+        assert env["O41_TRUST_ALLOWED_NETWORKS"] == "10.0.0.0/8,127.0.0.1/32", suffix
+        assert env["O41_OWN_ISSUER"] == own, suffix
+    for suffix in ("-operator", "-placement"):  # by default: public addresses only
+        names = {e["name"] for e in container(find(render(), "Deployment", suffix))["env"]}
+        assert not names & {"O41_TRUST_ALLOWED_NETWORKS", "O41_OWN_ISSUER"}, suffix
+    done = run_helm("template", "o41", str(CHART), "--set", "trustDomains.allowedNetworks={ten}")
+    assert done.returncode != 0 and "trustDomains/allowedNetworks" in done.stderr
+
+
 def test_placement_replicas_probes_args_and_pdb() -> None:
     docs = render("placement.replicas=5")
     placement = find(docs, "Deployment", "-placement")

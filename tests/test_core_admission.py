@@ -312,3 +312,78 @@ def test_any_private_member_refuses_the_jwks(private: dict[str, str]) -> None:
     keys = inline(RSA_PUBLIC, {**EC_PUBLIC, **private})
     with pytest.raises(Refused, match="private key material"):
         check_trust_domain("cluster-b", td(keys=keys), None, {})
+
+
+# --- issue 37: this cluster's own issuer; where keys are fetched from; the CA bundle --------
+
+
+def test_this_clusters_own_issuer_is_refused() -> None:
+    own = "https://kubernetes.default.svc.cluster.local"
+    with pytest.raises(Refused) as caught:
+        check_trust_domain("hub", td(own), None, {}, own_issuer=own)
+    assert str(caught.value).startswith(
+        f"TrustDomain 'hub': issuer {own!r} is this cluster's own (the iss of its service "
+        "account tokens): this cluster's pods are checked by its TokenReview"
+    )
+    check_trust_domain("b", td(), None, {}, own_issuer=own)
+    check_trust_domain("hub", td(own), None, {}, own_issuer=None)  # unknown: not refused
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        td("https://169.254.169.254"),
+        td("https://metadata.google.internal/computeMetadata/v1"),
+        td(ISSUER, keys={"jwksURL": "https://[fe80::1]/keys"}),
+        td("https://127.0.0.1:6443"),
+        td(ISSUER, keys={"jwksURL": "https://10.0.0.1/openid/v1/jwks"}),
+    ],
+)
+def test_a_url_keys_would_be_fetched_from_at_a_refused_address_is_refused(
+    spec: dict[str, Any],
+) -> None:
+    with pytest.raises(Refused) as caught:
+        check_trust_domain("cluster-b", spec, None, {})
+    assert str(caught.value).startswith("TrustDomain 'cluster-b': https://")
+
+
+def test_loopback_and_private_issuers_pass_where_the_chart_allows_them() -> None:
+    from o41.core.addresses import parse_networks
+
+    allowed = parse_networks("127.0.0.0/8,10.0.0.0/8")
+    check_trust_domain("b", td("https://127.0.0.1:6443"), None, {}, allowed=allowed)
+    jwks_url = {"jwksURL": "https://10.0.0.1/openid/v1/jwks"}
+    check_trust_domain("b", td(keys=jwks_url), None, {}, allowed=allowed)
+    with pytest.raises(Refused, match="never fetched from there"):
+        check_trust_domain("b", td("https://169.254.169.254"), None, {}, allowed=allowed)
+    # inline keys: the issuer is a name in the tokens, never fetched
+    check_trust_domain("b", td("https://10.9.9.9", keys=inline(RSA_PUBLIC)), None, {})
+
+
+def test_a_ca_bundle_without_a_pem_certificate_is_refused() -> None:
+    for bundle in (
+        "not a certificate",
+        "-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----",
+    ):
+        with pytest.raises(Refused, match=r"spec\.caBundle holds no usable PEM certificate"):
+            check_trust_domain("b", td(caBundle=bundle), None, {})
+    der = "MIIBszCC"  # a DER SEQUENCE's first bytes, base64
+    check_trust_domain(
+        "b", td(caBundle=f"-----BEGIN CERTIFICATE-----\n{der}\n-----END CERTIFICATE-----"), None, {}
+    )
+
+
+def test_a_change_keeps_what_creation_decided_so_it_can_be_edited_and_deleted() -> None:
+    """Two TrustDomains made at the same instant share an issuer; one made before the own
+    issuer or address rules names what they now refuse: kopf still patches their
+    annotations and finalizers, and their admins edit them (the service ignores the ones
+    that are not the issuer's owner)."""
+    own = "https://kubernetes.default.svc.cluster.local"
+    check_trust_domain("b2", td(), td(), {"cluster-b": ISSUER, "b2": ISSUER})
+    check_trust_domain("hub", td(own), td(own), {}, own_issuer=own)
+    private = td("https://10.0.0.1")
+    check_trust_domain("b", private, private, {})
+    with pytest.raises(Refused, match=r"is at 10\.0\.0\.2, a private address"):
+        check_trust_domain(
+            "b", td("https://10.0.0.1", keys={"jwksURL": "https://10.0.0.2/k"}), private, {}
+        )

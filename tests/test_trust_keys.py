@@ -1,12 +1,18 @@
 """Fetching a TrustDomain's keys (``o41.trust_keys``) from issuers served on loopback over
 TLS by a throwaway CA: what is fetched, what is kept of it, and each failure's reason and
 message. No cluster: the second control plane's own discovery is tests/test_trust_domains.py.
+
+Loopback is allowed here as the test bed's chart value allows it (``LOOPBACK``); where the
+fetch may connect is tested with every socket's connect watched (``connects``): nothing
+but loopback is ever connected to, and a name's lookup is a stub (no real DNS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,13 +20,24 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from o41.api import TrustDomainKeys, TrustDomainSpec
+from o41.core.addresses import parse_networks
 from o41.testbed.pki import Authority
 from o41.testbed.process import LOOPBACK, free_port
-from o41.trust_keys import MAX_BODY, KeyFetchFailed, fetch_keys
+from o41.trust_keys import MAX_BODY, KeyFetchFailed
+from o41.trust_keys import fetch_keys as fetch_anywhere
+
+ALLOWED = parse_networks("127.0.0.0/8")  # the test bed's trustDomains.allowedNetworks
+
+
+async def fetch_keys(spec: TrustDomainSpec, **kw: Any) -> dict[str, Any]:
+    """The fetch as the test bed's operator makes it: loopback allowed."""
+    return await fetch_anywhere(spec, **{"allowed": ALLOWED, **kw})
+
 
 Server = Callable[..., Awaitable[TestServer]]
 
@@ -40,7 +57,7 @@ UNUSABLE: list[dict[str, Any]] = [
 @pytest.fixture(scope="module")
 def authority(tmp_path_factory: pytest.TempPathFactory) -> tuple[Authority, ssl.SSLContext]:
     ca = Authority.create(tmp_path_factory.mktemp("issuer-ca"))
-    pair = ca.issue("issuer", LOOPBACK, ips=(LOOPBACK,))
+    pair = ca.issue("issuer", LOOPBACK, ips=(LOOPBACK,), dns=("issuer.test", "keys.test"))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(pair.cert), str(pair.key))
     return ca, context
@@ -275,3 +292,184 @@ async def test_inline_keys_need_no_network() -> None:
     spec = spec.model_copy(update={"keys": TrustDomainKeys(jwks="{not json")})
     e = await refused(spec)
     assert e.reason == "BadResponse" and "spec.keys.jwks is not JSON" in e.message
+
+
+# --- issue 37: where the fetch connects ------------------------------------------------------
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every socket connect of the test, watched: one to an address other than loopback is
+    stopped before it happens (OSError) and recorded; the test asserts there is none."""
+    outside: list[Any] = []
+    real, real_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def loopback(address: Any) -> bool:
+        host = address[0] if isinstance(address, tuple) else str(address)
+        try:
+            return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+        except ValueError:
+            return True  # a unix socket's path
+
+    def connect(self: socket.socket, address: Any) -> None:
+        if not loopback(address):
+            outside.append(address)
+            raise OSError(f"the test stopped a connect to {address}")
+        real(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        if not loopback(address):
+            outside.append(address)
+            raise OSError(f"the test stopped a connect to {address}")
+        return real_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    return outside
+
+
+class StubDns(AbstractResolver):
+    """Names to addresses, as a DNS that lies would answer (a rebinding attacker's); no
+    real lookup ever. Records what it was asked."""
+
+    def __init__(self, names: dict[str, list[str]]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        self.asked.append(host)
+        return [
+            ResolveResult(
+                hostname=host,
+                host=address,
+                port=port,
+                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+            for address in self.names[host]
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+def test_the_connect_guard_does_stop_a_connect(connects: list[Any]) -> None:
+    with socket.socket() as s, pytest.raises(OSError, match="the test stopped"):
+        s.connect(("192.0.2.1", 443))  # TEST-NET-1: would leave the machine
+    assert connects == [("192.0.2.1", 443)]
+
+
+@pytest.mark.parametrize(
+    ("target", "address"),
+    [
+        ("https://169.254.169.254/latest/meta-data/iam/security-credentials/", "169.254.169.254"),
+        ("https://[::ffff:169.254.169.254]/", "::ffff:a9fe:a9fe (carrying 169.254.169.254)"),
+        ("https://metadata.google.internal/computeMetadata/v1/", "metadata.google.internal"),
+        ("https://metadata/computeMetadata/v1/", "metadata"),
+    ],
+)
+async def test_a_redirect_to_a_metadata_or_link_local_address_is_refused_before_connecting(
+    issuer: Callable[[Routes], Awaitable[Issuer]],
+    connects: list[Any],
+    target: str,
+    address: str,
+) -> None:
+    """The issuer (on loopback) answers a redirect; the hop is checked before it is asked."""
+
+    async def moved(_: web.Request) -> web.Response:
+        raise web.HTTPFound(target)
+
+    running = await issuer({"/jwks": moved})
+    dns = StubDns({})
+    spec = running.spec(jwks_url=running.url + "/jwks")
+    with pytest.raises(KeyFetchFailed) as caught:
+        await fetch_keys(spec, trust_domain="cluster-b", resolver=dns)
+    e = caught.value
+    assert e.reason == "AddressNotAllowed", e.message
+    assert e.message.startswith("TrustDomain 'cluster-b': https://")
+    assert f" is at {address}, " in e.message and "keys are never fetched from there" in e.message
+    assert connects == [] and dns.asked == []  # neither connected nor even looked up
+
+
+async def test_a_name_that_resolves_to_a_metadata_address_is_refused_before_connecting(
+    issuer: Callable[[Routes], Awaitable[Issuer]], connects: list[Any]
+) -> None:
+    """DNS rebinding: the discovery document's name resolves to loopback (allowed here),
+    the jwks_uri's name to the metadata address. The connector connects only to what its
+    resolver returned, and the resolver refuses it first."""
+
+    async def document(request: web.Request) -> web.Response:
+        port = request.host.rsplit(":", 1)[1]
+        return web.json_response(
+            {"issuer": f"https://issuer.test:{port}", "jwks_uri": f"https://keys.test:{port}/k"}
+        )
+
+    routes = discovery()
+    running = await issuer({**routes, "/.well-known/openid-configuration": document,
+                            "/k": routes["/openid/v1/jwks"]})  # fmt: skip
+    port = running.server.port
+    keys = f"https://keys.test:{port}/k"
+    dns = StubDns({"issuer.test": [LOOPBACK], "keys.test": ["169.254.169.254"]})
+    spec = running.spec().model_copy(update={"issuer": f"https://issuer.test:{port}"})
+    with pytest.raises(KeyFetchFailed) as caught:
+        await fetch_keys(spec, trust_domain="cluster-b", resolver=dns)
+    e = caught.value
+    assert e.reason == "AddressNotAllowed", e.message
+    assert e.message.startswith(
+        f"TrustDomain 'cluster-b': {keys} is at 169.254.169.254 (what keys.test resolves "
+        "to), link-local, where clouds serve instance metadata and credentials: keys are "
+        "never fetched from there"
+    )
+    assert dns.asked == ["issuer.test", "keys.test"] and connects == []
+
+    # one refused address among the answers refuses the name; a private one names the fix
+    dns.names["keys.test"] = [LOOPBACK, "10.1.2.3"]
+    e = await refused(spec, resolver=dns)
+    assert e.reason == "AddressNotAllowed"
+    assert "is at 10.1.2.3 (what keys.test resolves to), a private address" in e.message
+    assert "add 10.1.2.3/32 (or its network) to the chart's value" in e.message
+    assert connects == []
+
+    # resolved to loopback, which the chart allows here: fetched
+    dns.names["keys.test"] = [LOOPBACK]
+    assert (await fetch_keys(spec, resolver=dns))["keys"] == PUBLIC
+
+
+async def test_loopback_is_refused_unless_allowed(
+    issuer: Callable[[Routes], Awaitable[Issuer]], connects: list[Any]
+) -> None:
+    running = await issuer(discovery())
+    with pytest.raises(KeyFetchFailed) as caught:
+        await fetch_anywhere(running.spec(), trust_domain="cluster-b")
+    assert caught.value.reason == "AddressNotAllowed"
+    assert f"is at {LOOPBACK}, loopback" in caught.value.message
+    assert "trustDomains.allowedNetworks (O41_TRUST_ALLOWED_NETWORKS)" in caught.value.message
+    assert (await fetch_keys(running.spec()))["keys"] == PUBLIC
+
+
+def test_this_clusters_issuer_is_given_else_the_pods_token_else_discovery(tmp_path: Path) -> None:
+    """``o41.trust_keys.own_issuer``: how the operator and the service learn it (the API
+    server's discovery against a real one: tests/test_attack_trust.py)."""
+    from o41.testbed.issuer import Issuer as TokenIssuer
+    from o41.trust_keys import own_issuer
+
+    token = tmp_path / "token"
+    token.write_text(TokenIssuer("https://from.token.example").token("o41-system") + "\n")
+
+    class Refusing:
+        def param_serialize(self, *_: Any, **__: Any) -> Any:
+            raise OSError("no API server here")
+
+    given = "https://given.example"
+    assert own_issuer(given, Refusing(), token) == (
+        given,
+        "given (--own-issuer, O41_OWN_ISSUER)",
+    )
+    assert own_issuer(None, Refusing(), token)[0] == "https://from.token.example"
+    absent = tmp_path / "absent"
+    issuer, why = own_issuer(None, Refusing(), absent)
+    assert issuer is None and "did not answer (OSError: no API server here)" in why
+    assert own_issuer(None, None, absent) == (None, "not in a pod, and no API server to ask")

@@ -37,8 +37,9 @@ from o41.testbed.locations import ORG, Keys, location
 from o41.testbed.process import free_port
 from o41.testbed.standin_bucket import Storage
 from o41.testbed.usage import FakeReviewer
+from o41.trust_keys import issuer_of_token
 from o41.trust_record import TrustRecord
-from o41.webhook.app import Settings, local_issuer, make_app
+from o41.webhook.app import Settings, make_app
 from o41.webhook.collections.websocket import REFUSED as SOCKET_REFUSED
 from o41.webhook.http.trusted import TrustDomainSource
 from o41.webhook.http.view import Cluster, View, Watcher, organization_source
@@ -318,14 +319,14 @@ async def test_a_trust_domain_naming_this_clusters_own_issuer_is_ignored(
     its own ServiceAccount token."""
     own = tmp_path / "token"
     own.write_text(hub.b.token("o41-system", "placement") + "\n")
-    hub.view.trust.local_issuer = local_issuer(own)
+    hub.view.trust.local_issuer = issuer_of_token(own)
     assert hub.view.trust.local_issuer == hub.b.url
     hub.trust_b()
     listing = f"/v1/organizations/{ORG}/artifacts"
     status, answer = await hub.call(hub.b.token("team-a"), "GET", listing)
     assert status == 401, answer
     assert "current ServiceAccount token of this cluster" in answer["error"]
-    assert local_issuer(tmp_path / "absent") is None
+    assert issuer_of_token(tmp_path / "absent") is None
 
 
 def service_token(

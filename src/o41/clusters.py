@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from o41.api import API_VERSION, TrustDomainSpec
+from o41.trust_keys import api_get_json
 
 DISCOVERY = "/.well-known/openid-configuration"
 JWKS = "/openid/v1/jwks"
@@ -56,8 +57,8 @@ def read_workload(kubeconfig: str | None, context: str | None) -> Workload:
         server = str(api.configuration.host).rstrip("/")
         ca_file = api.configuration.ssl_ca_cert
         ca_pem = Path(ca_file).read_text() if ca_file else None
-        discovery = _get(api, DISCOVERY, "application/json")
-        jwks = _get(api, JWKS, "application/jwk-set+json")
+        discovery = api_get_json(api, DISCOVERY)
+        jwks = api_get_json(api, JWKS, "application/jwk-set+json")
     except ApiException as e:
         raise ClusterError(
             f"the workload cluster answered {e.status} for its issuer discovery: its "
@@ -76,24 +77,6 @@ def read_workload(kubeconfig: str | None, context: str | None) -> Workload:
         )
     own = issuer.rstrip("/") == server
     return Workload(server, issuer, jwks, ca_pem, _public(issuer, ca_pem) if own else True)
-
-
-def _get(api: Any, path: str, accept: str) -> dict[str, Any]:
-    """GET a raw path of the API server with the kubeconfig's credentials (kubectl get
-    --raw); a status other than 200 is an ApiException, as the typed calls raise."""
-    from kubernetes.client.exceptions import ApiException
-
-    request = api.param_serialize(
-        "GET", path, header_params={"Accept": accept}, auth_settings=["BearerToken"]
-    )
-    answer = api.call_api(*request)
-    body = answer.read()
-    if answer.status != 200:
-        raise ApiException(status=answer.status, reason=body[:200].decode(errors="replace"))
-    found = json.loads(body)
-    if not isinstance(found, dict):
-        raise ValueError(f"{path} did not answer a JSON object")  # noqa: TRY004 - a bad answer
-    return found
 
 
 def _public(issuer: str, ca_pem: str | None) -> bool:

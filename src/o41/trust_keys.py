@@ -9,21 +9,44 @@ redirect to anything but https, at most 1 MiB of body, and only public RS256 or 
 keys that joserfc can parse (``o41.core.jwks``). Every failure is one
 :class:`KeyFetchFailed` whose ``reason`` is what the TrustDomain's Ready condition shows
 and whose message names the TrustDomain, what failed and the fix.
+
+Where it connects is narrow too (``o41.core.addresses``): every URL, each redirect hop
+included, is checked before it is asked, and every address a name resolves to is checked
+by the connector's resolver before the connection is made (so a name that resolves to a
+metadata address, at once or on the second lookup, is refused, never connected to).
+
+This cluster's own issuer (``own_issuer``), which no TrustDomain may name, is here too:
+the operator and the service learn it the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import ipaddress
 import json
+import socket
 import ssl
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, RSAKey, import_key
 
 from o41.api import TrustDomainSpec
+from o41.core.addresses import (
+    AddressNotAllowed,
+    Network,
+    address_refusal,
+    check_url,
+    refused_message,
+)
 from o41.core.jwks import NotAJwks, as_jwks, parse_jwks, private_key_ids, signing_keys
 from o41.jsonlimits import TooDeep, check_depth
 
@@ -52,6 +75,7 @@ class KeyFetchFailed(Exception):
         "Unreachable",
         "BadResponse",
         "NoUsableKeys",
+        "AddressNotAllowed",
     )
 
     def __init__(self, reason: str, message: str) -> None:
@@ -117,9 +141,13 @@ async def fetch_keys(
     *,
     timeout: float = TIMEOUT,  # noqa: ASYNC109 - a bound callers rely on, not a cancel scope
     trust_domain: str | None = None,
+    allowed: Iterable[Network] = (),
+    resolver: AbstractResolver | None = None,
 ) -> dict[str, Any]:
     """The issuer's usable public keys as a JWKS (``{"keys": [...]}``), or
-    :class:`KeyFetchFailed`. ``trust_domain`` (the TrustDomain's name) is for messages."""
+    :class:`KeyFetchFailed`. ``trust_domain`` (the TrustDomain's name) is for messages;
+    ``allowed``: the networks beyond the public ones that may be connected to (the chart's
+    ``trustDomains.allowedNetworks``); ``resolver``: the names' lookup (aiohttp's default)."""
     who = _who(trust_domain)
     if spec.keys.jwks is not None:
         try:
@@ -127,7 +155,7 @@ async def fetch_keys(
         except NotAJwks as e:
             raise KeyFetchFailed("BadResponse", f"{who}: spec.keys.jwks {e}") from None
         return usable_keys(inline, "spec.keys.jwks", trust_domain)
-    fetch = _Fetch(spec, who, ssl_context(spec, trust_domain))
+    fetch = _Fetch(spec, who, ssl_context(spec, trust_domain), tuple(allowed), resolver)
     try:
         return await asyncio.wait_for(fetch.run(trust_domain), timeout)
     except TimeoutError:
@@ -138,22 +166,69 @@ async def fetch_keys(
         ) from None
 
 
+class _CheckedResolver(AbstractResolver):
+    """The connector's lookup of names: every address a name resolves to is checked
+    (``o41.core.addresses``) before aiohttp may connect to any; one refused address
+    refuses the name. aiohttp does not ask a resolver for an address literal: those are
+    checked per URL (``_Fetch.check``)."""
+
+    def __init__(self, fetch: _Fetch, inner: AbstractResolver | None) -> None:
+        self.fetch = fetch
+        self.owned = inner is None
+        self.inner = inner if inner is not None else aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self.inner.resolve(host, port, family)
+        for entry in found:
+            refusal = address_refusal(ipaddress.ip_address(entry["host"]), self.fetch.allowed)
+            if refusal is not None:
+                resolved = replace(refusal, address=f"{refusal.address} (what {host} resolves to)")
+                message = refused_message(self.fetch.who, self.fetch.url, resolved)
+                raise KeyFetchFailed("AddressNotAllowed", message)
+        return found
+
+    async def close(self) -> None:
+        if self.owned:
+            await self.inner.close()
+
+
 class _Fetch:
     """One fetch: discovery (unless spec.keys.jwksURL), then the JWKS."""
 
-    def __init__(self, spec: TrustDomainSpec, who: str, context: ssl.SSLContext) -> None:
+    def __init__(
+        self,
+        spec: TrustDomainSpec,
+        who: str,
+        context: ssl.SSLContext,
+        allowed: tuple[Network, ...] = (),
+        resolver: AbstractResolver | None = None,
+    ) -> None:
         self.spec, self.who, self.context = spec, who, context
+        self.allowed, self.resolver = allowed, resolver
         self.url = ""  # the URL being fetched, for messages
 
     async def run(self, trust_domain: str | None) -> dict[str, Any]:
-        connector = aiohttp.TCPConnector(ssl=self.context, limit=2)
-        # trust_env=False: no proxy and no .netrc from the environment
-        async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
-            url = self.spec.keys.jwks_url
-            if url is None:
-                url = await self.discover(session)
-            jwks = await self.get_json(session, url, "JWKS")
+        resolver = _CheckedResolver(self, self.resolver)
+        connector = aiohttp.TCPConnector(ssl=self.context, limit=2, resolver=resolver)
+        try:
+            # trust_env=False: no proxy and no .netrc from the environment
+            async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+                url = self.spec.keys.jwks_url
+                if url is None:
+                    url = await self.discover(session)
+                jwks = await self.get_json(session, url, "JWKS")
+        finally:
+            await resolver.close()
         return usable_keys(jwks, f"the JWKS at {url}", trust_domain)
+
+    def check(self, url: str) -> None:
+        """The URL's host by its text (an address literal never reaches the resolver)."""
+        try:
+            check_url(self.who, url, self.allowed)
+        except AddressNotAllowed as e:
+            raise KeyFetchFailed("AddressNotAllowed", str(e)) from None
 
     async def discover(self, session: aiohttp.ClientSession) -> str:
         issuer = self.spec.issuer
@@ -191,6 +266,7 @@ class _Fetch:
                     f"{self.who}: the {what} would be fetched from {url}, which is not https: "
                     "keys are only taken over verified TLS; serve them over https",
                 )
+            self.check(url)
             try:
                 async with session.get(
                     url, allow_redirects=False, headers={"Accept": ACCEPT}
@@ -276,3 +352,61 @@ def shown(value: object, limit: int = 80) -> str:
     """A value of the issuer's for a message, cut short."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- this cluster's own issuer: no TrustDomain may name it ----------------------------------
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def issuer_of_token(token_file: Path = SERVICE_ACCOUNT_TOKEN) -> str | None:
+    """The ``iss`` of this pod's own ServiceAccount token (ours: read, not verified), or
+    None outside a pod."""
+    try:
+        payload = token_file.read_text().strip().split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (OSError, IndexError, ValueError, binascii.Error):
+        return None
+    iss = claims.get("iss") if isinstance(claims, dict) else None
+    return iss if isinstance(iss, str) and iss else None
+
+
+def api_get_json(api: Any, path: str, accept: str = "application/json") -> dict[str, Any]:
+    """GET a raw path of the API server with the client's credentials (kubectl get --raw);
+    a status other than 200 is an ApiException, as the typed calls raise."""
+    from kubernetes.client.exceptions import ApiException
+
+    request = api.param_serialize(
+        "GET", path, header_params={"Accept": accept}, auth_settings=["BearerToken"]
+    )
+    answer = api.call_api(*request)
+    body = answer.read()
+    if answer.status != 200:
+        raise ApiException(status=answer.status, reason=body[:200].decode(errors="replace"))
+    found = json.loads(body)
+    if not isinstance(found, dict):
+        raise ValueError(f"{path} did not answer a JSON object")  # noqa: TRY004 - a bad answer
+    return found
+
+
+def own_issuer(
+    given: str | None, api: Any | None, token_file: Path = SERVICE_ACCOUNT_TOKEN
+) -> tuple[str | None, str]:
+    """This cluster's issuer and where it was learnt: ``given`` (``--own-issuer``,
+    ``O41_OWN_ISSUER``), else this pod's own token, else the API server's discovery
+    document (asked with ``api``'s credentials: a process outside a pod). ``(None, why)``
+    when none tells it."""
+    if given:
+        return given, "given (--own-issuer, O41_OWN_ISSUER)"
+    found = issuer_of_token(token_file)
+    if found is not None:
+        return found, f"the iss of this pod's ServiceAccount token ({token_file})"
+    if api is None:
+        return None, "not in a pod, and no API server to ask"
+    try:
+        issuer = api_get_json(api, DISCOVERY).get("issuer")
+    except Exception as e:  # the API server away or forbidding: say so, go on without
+        return None, f"the API server's {DISCOVERY} did not answer ({type(e).__name__}: {e})"
+    if isinstance(issuer, str) and issuer:
+        return issuer, f"the API server's {DISCOVERY}"
+    return None, f"the API server's {DISCOVERY} names no issuer"

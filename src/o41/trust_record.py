@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from o41.api import API_VERSION
+from o41.core.trust import IssuerClaim
 from o41.location_record import KIND_LABEL
 
 PREFIX = "o41-trust-"
@@ -111,3 +112,15 @@ def parse(configmap: Mapping[str, Any]) -> TrustRecord | None:
         jwks=jwks,
         fetched_at=data.get("fetchedAt") or None,
     )
+
+
+def issuer_claim(trust_domain: Mapping[str, Any]) -> IssuerClaim | None:
+    """A TrustDomain object's claim on its issuer (``o41.core.trust.issuer_owners``), from
+    what no user can write: its creationTimestamp and uid, its name. None without an
+    issuer (a spec the CRD should have refused)."""
+    meta = trust_domain.get("metadata") or {}
+    issuer = (trust_domain.get("spec") or {}).get("issuer")
+    if not isinstance(issuer, str) or not issuer:
+        return None
+    created = str(meta.get("creationTimestamp") or "")  # a string, or a client's datetime
+    return IssuerClaim(issuer, str(meta.get("name") or ""), str(meta.get("uid") or ""), created)

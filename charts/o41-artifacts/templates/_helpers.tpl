@@ -153,3 +153,15 @@ fsGroup: 10001
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* Where both servers may fetch TrustDomains' keys from, and this cluster's own issuer. */}}
+{{- define "o41.trustEnv" -}}
+{{- with .Values.trustDomains.allowedNetworks }}
+- name: O41_TRUST_ALLOWED_NETWORKS
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with .Values.trustDomains.ownIssuer }}
+- name: O41_OWN_ISSUER
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}

@@ -10,14 +10,19 @@ The organization rules say what may be picked, retired or deleted
   the operator has not caught up with a change yet.
 
 A TrustDomain's rules (``check_trust_domain``) need the other TrustDomains' issuers, which
-CEL cannot see: one issuer is one trust domain.
+CEL cannot see (one issuer is one trust domain), this cluster's own issuer and the networks
+the chart allows keys to be fetched from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from o41.core.addresses import AddressNotAllowed, Network, check_url
 from o41.core.jwks import NotAJwks, parse_jwks, private_key_ids, signing_keys
 from o41.core.organization import (
     Effective,
@@ -87,6 +92,7 @@ def check_retire_change(
 # --- TrustDomain: one issuer, one domain; never the API server's audience -----------------
 
 DEFAULT_AUDIENCES = ("o41",)  # the CRD's default (the model's), absent from the schema
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.S)
 
 
 def check_trust_domain(
@@ -94,11 +100,20 @@ def check_trust_domain(
     spec: Mapping[str, Any],
     old_spec: Mapping[str, Any] | None,
     others: Mapping[str, str],
+    *,
+    own_issuer: str | None = None,
+    allowed: Iterable[Network] = (),
 ) -> None:
     """Refuse a TrustDomain (created, or changed from ``old_spec``) that would be unsafe or
-    ambiguous: another issuer than at creation; the issuer of another TrustDomain
-    (``others``: name -> issuer); an audience of the API server; an inline JWKS that holds
-    a private key or no usable public key."""
+    ambiguous: another issuer than at creation; at creation, this cluster's ``own_issuer``
+    or the issuer of another TrustDomain (``others``: name -> issuer); an audience of the
+    API server; a new URL to fetch keys from at an address never fetched from, or not in a
+    network the chart ``allowed`` (``o41.core.addresses``); a CA bundle with no PEM
+    certificate; an inline JWKS that holds a private key or no usable public key.
+
+    A change keeps what creation decided (an issuer that two TrustDomains made at the same
+    instant share, ``o41.core.trust.issuer_owners``, or one admitted before a rule), so
+    that the TrustDomain can still be edited, and its finalizers and annotations patched."""
     issuer = str(spec.get("issuer") or "")
     if old_spec is not None and old_spec.get("issuer") not in (None, issuer):
         raise Refused(
@@ -107,6 +122,35 @@ def check_trust_domain(
             "Make a new TrustDomain for the new issuer, name it in the Organizations' "
             "members, then delete this one"
         )
+    if old_spec is None:
+        check_issuer_unclaimed(name, issuer, others, own_issuer)
+    check_audiences(name, issuer, spec.get("audiences") or DEFAULT_AUDIENCES)
+    keys = spec.get("keys") or {}
+    if keys.get("jwks") is not None:
+        check_inline_jwks(name, str(keys["jwks"]))
+    elif fetched_from(spec) != (fetched_from(old_spec) if old_spec is not None else None):
+        try:  # the first URL the keys are fetched from; every later one at the fetch
+            check_url(f"TrustDomain {name!r}", fetched_from(spec) or "", allowed)
+        except AddressNotAllowed as e:
+            raise Refused(str(e)) from None
+    if spec.get("caBundle"):
+        check_ca_bundle(name, str(spec["caBundle"]))
+
+
+def fetched_from(spec: Mapping[str, Any]) -> str | None:
+    """The first URL a TrustDomain's keys are fetched from (None: inline keys)."""
+    keys = spec.get("keys") or {}
+    if keys.get("jwks") is not None:
+        return None
+    return str(keys.get("jwksURL") or spec.get("issuer") or "")
+
+
+def check_issuer_unclaimed(
+    name: str, issuer: str, others: Mapping[str, str], own_issuer: str | None
+) -> None:
+    """A new TrustDomain's issuer is neither this cluster's nor another TrustDomain's."""
+    if own_issuer is not None and issuer == own_issuer:
+        raise Refused(own_issuer_named(name, issuer))
     for other, theirs in sorted(others.items()):
         if other != name and theirs == issuer:
             raise Refused(
@@ -115,10 +159,34 @@ def check_trust_domain(
                 f"TrustDomain {other!r} (name it in the Organizations' members, edit its "
                 f"audiences), or delete it before making {name!r}"
             )
-    check_audiences(name, issuer, spec.get("audiences") or DEFAULT_AUDIENCES)
-    keys = spec.get("keys") or {}
-    if keys.get("jwks") is not None:
-        check_inline_jwks(name, str(keys["jwks"]))
+
+
+def own_issuer_named(name: str, issuer: str) -> str:
+    """What a TrustDomain naming this cluster's own issuer is told (refused, or ignored)."""
+    return (
+        f"TrustDomain {name!r}: issuer {issuer!r} is this cluster's own (the iss of its "
+        "service account tokens): this cluster's pods are checked by its TokenReview, which "
+        "sees a deleted pod's token revoked, and need no TrustDomain. List their namespaces "
+        "in the Organizations' spec.namespaces; a TrustDomain is for another cluster's issuer"
+    )
+
+
+def check_ca_bundle(name: str, text: str) -> None:
+    """spec.caBundle: PEM certificates, each a DER sequence (the fetch parses them fully)."""
+    blocks = _PEM.findall(text)
+    if not blocks or not all(_der_sequence(block) for block in blocks):
+        raise Refused(
+            f"TrustDomain {name!r}: spec.caBundle holds no usable PEM certificate: give the "
+            "PEM text (-----BEGIN CERTIFICATE-----...) of the CA that signed the issuer's "
+            "certificate"
+        )
+
+
+def _der_sequence(block: str) -> bool:
+    try:
+        return base64.b64decode("".join(block.split()), validate=True)[:1] == b"\x30"
+    except binascii.Error:
+        return False
 
 
 def check_audiences(name: str, issuer: str, audiences: Sequence[str]) -> None:

@@ -10,6 +10,7 @@ has a kid, since a token names its key by kid and no key is ever guessed.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from typing import Any
 # leaks a signing key, so it is refused, never trimmed.
 PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
 FITS = {"RSA": ("RS256", ("n", "e")), "EC": ("ES256", ("x", "y"))}
+_B64URL = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 
 
 class NotAJwks(ValueError):
@@ -68,7 +70,12 @@ def usable(entry: object) -> bool:
         return False
     if kty == "EC" and entry.get("crv") != "P-256":
         return False
-    return all(isinstance(entry.get(m), str) and entry.get(m) for m in members)
+    return all(_base64url(entry.get(m)) for m in members)
+
+
+def _base64url(value: object) -> bool:
+    """A key member as JWK writes it (base64url, unpadded): anything else is no key."""
+    return isinstance(value, str) and _B64URL.fullmatch(value) is not None
 
 
 def signing_keys(jwks: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -9,8 +9,9 @@ message names the trust domain, the claim and the fix, and never holds the token
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 # Asymmetric only: HS256 would let anyone holding the public key sign, and "none" anyone.
@@ -347,3 +348,61 @@ def check_claims(
     check_audience(policy, claims)
     exp = check_times(policy, claims, now)
     return subject_of(policy, claims, exp)
+
+
+# --- one issuer, one trust domain: the oldest TrustDomain naming it -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IssuerClaim:
+    """A TrustDomain's claim on its issuer, told by what no user can write: when the API
+    server made it (``metadata.creationTimestamp``), then its name, then its uid. Never
+    its status."""
+
+    issuer: str
+    name: str
+    uid: str
+    created: str = ""  # RFC 3339 as the API server writes it; "" sorts after any time
+
+    @property
+    def order(self) -> tuple[datetime, str, str]:
+        """Older first: the time it was made, then its name, then its uid."""
+        return (_instant(self.created), self.name, self.uid)
+
+
+_NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+def _instant(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return _NEVER
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def issuer_owners(claims: Iterable[IssuerClaim]) -> dict[str, IssuerClaim]:
+    """Each issuer's owner: the oldest of the claims naming it. A function of the set of
+    claims alone, in any order, so every replica that knows the same TrustDomains decides
+    the same; a newer claim never takes an issuer from an older one."""
+    owners: dict[str, IssuerClaim] = {}
+    for claim in claims:
+        held = owners.get(claim.issuer)
+        if held is None or claim.order < held.order:
+            owners[claim.issuer] = claim
+    return owners
+
+
+def issuer_conflict(claim: IssuerClaim, claims: Iterable[IssuerClaim]) -> str | None:
+    """Why ``claim`` is not its issuer's trust domain (another, older one is), or None."""
+    owner = issuer_owners([claim, *claims]).get(claim.issuer)
+    if owner is None or owner.uid == claim.uid:
+        return None
+    return (
+        f"TrustDomain {claim.name!r}: issuer {claim.issuer!r} belongs to TrustDomain "
+        f"{owner.name!r}, the oldest of the "
+        f"TrustDomains naming it (made {owner.created or 'first'}): one issuer is one trust "
+        f"domain, so this one is ignored and that issuer's tokens are {owner.name}:<namespace>. "
+        f"Delete TrustDomain {claim.name!r}; or, to keep this one, delete {owner.name!r} "
+        "(its tenants' data stays under its name)"
+    )

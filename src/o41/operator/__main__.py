@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 
 from o41 import logs
+from o41.core.addresses import ALLOW_ENV, parse_networks
 
 #: kopf's JSON lines with the field names of the placement service's (``o41.logs``).
 JSON_FIELDS = "%(levelname)s %(name)s %(message)s"
@@ -76,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-port", type=int, default=0, help="serve /metrics on this port; 0: not at all"
     )
     parser.add_argument("--metrics-addr", default="127.0.0.1")
+    parser.add_argument(
+        "--own-issuer",
+        default=os.environ.get("O41_OWN_ISSUER") or None,
+        help="this cluster's service account issuer, which no TrustDomain may name (default: "
+        "$O41_OWN_ISSUER; else this pod's token's iss, else the API server's discovery)",
+    )
+    parser.add_argument(
+        "--trust-allowed-networks",
+        default=os.environ.get(ALLOW_ENV, ""),
+        help="CIDRs, comma-separated: loopback or private networks TrustDomains' keys may be "
+        "fetched from (the chart's trustDomains.allowedNetworks; default: "
+        f"${ALLOW_ENV}); link-local and cloud metadata addresses never",
+    )
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument(
         "--log-format",
@@ -87,8 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.log_format not in logs.FORMATS:  # from the environment: argparse checks no default
         parser.error(f"O41_LOG_FORMAT must be text or json, not {args.log_format!r}")
+    try:
+        allowed = parse_networks(args.trust_allowed_networks)
+    except ValueError as e:
+        parser.error(str(e))
 
     import o41.operator.handlers
+    from o41.operator import trust
 
     if not args.no_webhook:
         import o41.operator.admission  # noqa: F401
@@ -159,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         standalone=True,  # one replica; no peering
         liveness_endpoint=args.liveness,
         ready_flag=started,
+        memo=kopf.Memo({trust.SETTINGS: trust.Given(args.own_issuer, allowed)}),
     )
     return 0
 

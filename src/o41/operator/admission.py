@@ -14,13 +14,11 @@ writes), read from the API server at the time of the request, never from status.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from o41.api import GROUP, VERSION, TrustDomainSpec
+from o41.api import GROUP, VERSION
 from o41.core.admission import check_pick_change, check_retire_change, check_trust_domain
 from o41.core.organization import (
     Effective,
@@ -40,17 +38,15 @@ from o41.operator.index import (
 )
 from o41.operator.model import in_order, picks_of
 from o41.operator.state import shared
-from o41.trust_keys import KeyFetchFailed, ssl_context, usable_keys
 
 
 def _refuse(e: Refused) -> kopf.AdmissionError:
     return kopf.AdmissionError(str(e), code=422)
 
 
-def _unavailable(what: str, e: Exception) -> kopf.AdmissionError:
+def _unavailable(what: str, e: Exception, so: str = "so nothing is deleted") -> kopf.AdmissionError:
     return kopf.AdmissionError(
-        f"could not read {what} from the API server ({type(e).__name__}), so nothing is "
-        f"deleted: try again shortly",
+        f"could not read {what} from the API server ({type(e).__name__}), {so}: try again shortly",
         code=503,
     )
 
@@ -149,35 +145,24 @@ def refuse_unusable_picks(
 async def refuse_unsafe_trust_domains(
     name: str, spec: kopf.Spec, old: Any, memo: kopf.Memo, **_: Any
 ) -> None:
-    """One issuer, one domain (the TrustDomains listed now: a cached index could miss one
-    just made); the issuer fixed; no API server audience; an inline JWKS of public keys,
-    one at least usable; a CA bundle that parses."""
+    """The rules of ``o41.core.admission.check_trust_domain``, with the TrustDomains
+    listed now (a cached index could miss one just made)."""
+    state = shared(memo)
     try:
-        every = await asyncio.to_thread(shared(memo).cluster.list_objects, "trustdomains")
+        every = await asyncio.to_thread(state.cluster.list_objects, "trustdomains")
     except Exception as e:
-        raise kopf.AdmissionError(
-            f"could not read the TrustDomains from the API server ({type(e).__name__}), so "
-            "the issuer's uniqueness is unknown: try again shortly",
-            code=503,
-        ) from None
+        raise _unavailable("the TrustDomains", e, "so the issuer's uniqueness is unknown") from None
     others = {
         str(td["metadata"]["name"]): str((td.get("spec") or {}).get("issuer") or "") for td in every
     }
-    new = dict(spec)
     try:
-        check_trust_domain(name, new, (old or {}).get("spec") if old else None, others)
+        check_trust_domain(
+            name,
+            spec,
+            (old or {}).get("spec") if old else None,
+            others,
+            own_issuer=state.trust.own_issuer,
+            allowed=state.trust.allowed,
+        )
     except Refused as e:
         raise _refuse(e) from None
-    try:
-        model = TrustDomainSpec.model_validate(new)
-        ssl_context(model, name)
-        if model.keys.jwks is not None:
-            usable_keys(json.loads(model.keys.jwks), "spec.keys.jwks", name)
-    except KeyFetchFailed as e:
-        raise kopf.AdmissionError(e.message, code=422) from None
-    except ValidationError as e:  # the CRD's schema refuses these first
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise kopf.AdmissionError(
-            f"TrustDomain {name!r}: spec.{where}: {first['msg']}: fix it", code=422
-        ) from None

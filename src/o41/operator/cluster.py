@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from o41.api import GROUP, VERSION
+from o41.trust_keys import own_issuer
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -45,6 +46,12 @@ class Cluster:
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
         return client.ApiClient()
+
+    def own_issuer(self, given: str | None) -> tuple[str | None, str]:
+        """This cluster's issuer, and where it was learnt (``o41.trust_keys.own_issuer``:
+        given, this pod's token, else the API server's discovery, asked with our
+        credentials)."""
+        return own_issuer(given, self._api)
 
     def read_secret(self, name: str) -> dict[str, str]:
         """The Secret's data, decoded. Never logged."""

@@ -24,7 +24,7 @@ import kopf
 from o41.api import GROUP, VERSION
 from o41.operator import buckets, events, organizations, telemetry, trust, versions
 from o41.operator.cluster import Cluster, operator_namespace
-from o41.operator.index import LocationsIndex, OrganizationsIndex
+from o41.operator.index import LocationsIndex, OrganizationsIndex, TrustDomainsIndex
 from o41.operator.state import Shared, put, shared
 
 CHECK_INTERVAL = float(os.environ.get("O41_LOCATION_CHECK_INTERVAL", "60"))
@@ -32,10 +32,12 @@ CHECK_INTERVAL = float(os.environ.get("O41_LOCATION_CHECK_INTERVAL", "60"))
 
 @kopf.on.startup()
 async def start(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Before any handler or index sees a Location, know what the operator recorded."""
+    """Before any handler or index sees a Location, know what the operator recorded; and
+    this cluster's own issuer, which no TrustDomain may name."""
     state = put(memo, Shared.around(Cluster(operator_namespace())))
     found = await asyncio.to_thread(state.records.load)
     logger.info("loaded %d location records from namespace %s", found, state.cluster.namespace)
+    await trust.configure(state.trust, memo.get(trust.SETTINGS), state.cluster, logger)
     memo["counts_task"] = asyncio.create_task(
         versions.copy_counts(state.cluster, state.counts, versions.INTERVAL)
     )
@@ -149,24 +151,43 @@ async def organization_changed(
 
 @kopf.on.resume(GROUP, VERSION, "trustdomains")
 @kopf.on.create(GROUP, VERSION, "trustdomains")
-@kopf.on.update(GROUP, VERSION, "trustdomains", field="spec")
+@kopf.on.update(GROUP, VERSION, "trustdomains", field="spec")  # type: ignore[arg-type]  # indexes
 @telemetry.reconciled("trustdomains")
 async def fetch_trust_domain_keys(
-    body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: kopf.Memo, **_: Any
+    body: kopf.Body,
+    patch: kopf.Patch,
+    logger: kopf.Logger,
+    memo: kopf.Memo,
+    trust_domains_by_issuer: TrustDomainsIndex,
+    **_: Any,
 ) -> None:
     """Fetch the keys now; a failure shows in status and the timer retries."""
     state = shared(memo)
-    await trust.Refresh(state.cluster, state.trust, body, patch, logger).run(scheduled=False)
+    refresh = trust.Refresh(
+        state.cluster, state.trust, body, patch, logger, trust_domains_by_issuer
+    )
+    await refresh.run(scheduled=False)
 
 
-@kopf.timer(GROUP, VERSION, "trustdomains", interval=trust.TICK, initial_delay=trust.TICK, idle=0)
+@kopf.timer(  # type: ignore[arg-type]  # kopf passes indexes by name
+    GROUP, VERSION, "trustdomains", interval=trust.TICK, initial_delay=trust.TICK, idle=0
+)
 @telemetry.reconciled("trustdomains")
 async def refresh_trust_domain_keys(
-    body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: kopf.Memo, **_: Any
+    body: kopf.Body,
+    patch: kopf.Patch,
+    logger: kopf.Logger,
+    memo: kopf.Memo,
+    trust_domains_by_issuer: TrustDomainsIndex,
+    **_: Any,
 ) -> None:
-    """Every spec.refreshInterval (sooner after a failure): rotations reach the record."""
+    """Every spec.refreshInterval (sooner after a failure): rotations reach the record; an
+    issuer's owner gone, the next oldest TrustDomain naming it is fetched for."""
     state = shared(memo)
-    await trust.Refresh(state.cluster, state.trust, body, patch, logger).run(scheduled=True)
+    refresh = trust.Refresh(
+        state.cluster, state.trust, body, patch, logger, trust_domains_by_issuer
+    )
+    await refresh.run(scheduled=True)
 
 
 @kopf.on.event(GROUP, VERSION, "trustdomains")

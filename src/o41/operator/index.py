@@ -5,6 +5,8 @@
 - ``locations_by_name``: a Location a pick names (admission checks picks by name).
 - ``organizations_by_name``: the Organization a Location belongs to.
 - ``locations_seen``: every Location's name (the readiness: have the watches delivered?).
+- ``trust_domains_by_issuer``: the TrustDomains naming each issuer (the oldest owns it,
+  ``o41.core.trust.issuer_owners``; the others show ``Conflict``).
 
 Kept apart from the handlers, so that admission reads them without importing handlers.
 An index holds what the objects say; what the operator's record says (Ready, unfinished)
@@ -22,14 +24,17 @@ from pydantic import ValidationError
 
 from o41.api import GROUP, VERSION
 from o41.core.organization import LocationFacts
+from o41.core.trust import IssuerClaim
 from o41.locations import Location, read_location
 from o41.operator.model import OrganizationEntry, organization_entry
 from o41.operator.records import Records
+from o41.trust_record import issuer_claim
 
 T = TypeVar("T")
 
 LocationsIndex = kopf.Index[str, Location]
 OrganizationsIndex = kopf.Index[str, OrganizationEntry]
+TrustDomainsIndex = kopf.Index[str, IssuerClaim]
 
 
 def _location(body: kopf.Body) -> Location | None:
@@ -56,6 +61,12 @@ def locations_seen(name: str, **_: Any) -> dict[str, bool]:
     """Every Location by name, one its CRD admits but the model does not included: what
     the readiness compares with the API server's list (``o41.operator.health``)."""
     return {name: True}
+
+
+@kopf.index(GROUP, VERSION, "trustdomains")
+def trust_domains_by_issuer(body: kopf.Body, **_: Any) -> dict[str, IssuerClaim]:
+    claim = issuer_claim(body)
+    return {claim.issuer: claim} if claim is not None else {}
 
 
 @kopf.index(GROUP, VERSION, "organizations")

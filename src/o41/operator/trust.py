@@ -8,6 +8,11 @@ A failed fetch leaves the record untouched, so the last good keys serve on until
 ``spec.staleAfter`` past their fetch (the service's rule); Ready says why it failed and,
 once the keys are past that limit, ``Stale``. Called by the kopf handlers of
 ``o41.operator.handlers``.
+
+One issuer is one trust domain: of the TrustDomains naming an issuer (two made at the
+same instant both pass admission), the oldest owns it (``o41.core.trust.issuer_owners``,
+the rule the service applies on its own); the others are never fetched for and show
+Ready=False ``Conflict``, naming the owner.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import datetime as dt
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +29,15 @@ import kopf
 from pydantic import ValidationError
 
 from o41.api import TrustDomainSpec
+from o41.core.addresses import Network
+from o41.core.admission import own_issuer_named
+from o41.core.trust import IssuerClaim, issuer_conflict
 from o41.locations import condition
 from o41.operator import events
 from o41.operator.cluster import Cluster
 from o41.operator.model import with_condition
 from o41.trust_keys import KeyFetchFailed, fetch_keys
-from o41.trust_record import TrustRecord, parse, record_name
+from o41.trust_record import TrustRecord, issuer_claim, parse, record_name
 
 
 def _override(raw: str | None) -> float | None:
@@ -50,6 +58,7 @@ def _override(raw: str | None) -> float | None:
 
 
 REFRESH_OVERRIDE = _override(os.environ.get("O41_TRUST_REFRESH_INTERVAL"))
+SETTINGS = "trust-settings"  # the memo's key of what ``python -m o41.operator`` was given
 RETRY_FIRST = 15.0  # seconds after a failed fetch, doubling up to the refresh interval
 TICK = min(REFRESH_OVERRIDE or RETRY_FIRST, RETRY_FIRST)  # the timer's interval
 
@@ -63,8 +72,12 @@ class Attempt:
 @dataclass
 class TrustDomains:
     """Per TrustDomain (by uid): a lock (one fetch at a time: its handlers and its timer),
-    the last attempt, and the record this operator last wrote. All go with it (``forget``)."""
+    the last attempt, and the record this operator last wrote. All go with it (``forget``).
+    For all: this cluster's own issuer (no TrustDomain may name it) and the networks beyond
+    the public ones keys may be fetched from (the chart's trustDomains.allowedNetworks)."""
 
+    own_issuer: str | None = None
+    allowed: tuple[Network, ...] = ()
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     attempts: dict[str, Attempt] = field(default_factory=dict)
     records: dict[str, TrustRecord] = field(default_factory=dict)
@@ -93,6 +106,34 @@ class TrustDomains:
         lock = self.locks.get(uid)
         if lock is not None and not lock.locked():
             del self.locks[uid]
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the operator was told: this cluster's issuer (``--own-issuer``; None: learnt
+    at start, ``o41.trust_keys.own_issuer``) and the networks beyond the public ones keys
+    may be fetched from (``--trust-allowed-networks``)."""
+
+    own_issuer: str | None = None
+    allowed: tuple[Network, ...] = ()
+
+
+async def configure(
+    domains: TrustDomains, given: Given | None, cluster: Cluster, logger: kopf.Logger
+) -> None:
+    """At start: what it was given, and this cluster's own issuer, learnt."""
+    given = given or Given()
+    domains.allowed = given.allowed
+    issuer, source = await asyncio.to_thread(cluster.own_issuer, given.own_issuer)
+    domains.own_issuer = issuer
+    if issuer is not None:
+        logger.info("this cluster's issuer is %s (%s): no TrustDomain may name it", issuer, source)
+    else:
+        logger.warning(
+            "this cluster's issuer is unknown (%s): a TrustDomain naming it is not refused; "
+            "give it with --own-issuer (O41_OWN_ISSUER)",
+            source,
+        )
 
 
 # --- what a fetch's outcome shows: plain functions, tested without a cluster --------------
@@ -217,6 +258,7 @@ class Refresh:
     body: kopf.Body
     patch: kopf.Patch
     logger: kopf.Logger
+    claims: Mapping[str, Iterable[IssuerClaim]]  # by issuer: the TrustDomains naming it
 
     @property
     def name(self) -> str:
@@ -241,6 +283,10 @@ class Refresh:
             message = f"spec.{where}: {first['msg']}: fix the TrustDomain"
             await asyncio.to_thread(self.show, Outcome(False, "InvalidSpec", message))
             return
+        ignored = self.ignored(spec)
+        if ignored is not None:  # nothing fetched for it
+            await asyncio.to_thread(self.show, ignored)
+            return
         async with self.domains.lock(self.uid):
             if scheduled and not self.domains.due(
                 self.uid, spec.refresh_interval, time.monotonic()
@@ -248,7 +294,7 @@ class Refresh:
                 return
             last = await self.last_record(spec)
             try:
-                jwks = await fetch_keys(spec, trust_domain=self.name)
+                jwks = await fetch_keys(spec, trust_domain=self.name, allowed=self.domains.allowed)
             except KeyFetchFailed as e:
                 self.domains.attempted(self.uid, False, time.monotonic())
                 self.logger.warning("keys not fetched (%s): %s", e.reason, e.message)
@@ -271,6 +317,16 @@ class Refresh:
             self.domains.attempted(self.uid, True, time.monotonic())
             self.domains.records[self.uid] = outcome.record
             await asyncio.to_thread(self.show, outcome, last)
+
+    def ignored(self, spec: TrustDomainSpec) -> Outcome | None:
+        """Why the service ignores this TrustDomain (by its own rules: status only says
+        so): it names this cluster's own issuer (admitted before that was refused), or
+        another, older TrustDomain owns its issuer."""
+        if spec.issuer == self.domains.own_issuer:
+            return Outcome(False, "OwnIssuer", own_issuer_named(self.name, spec.issuer))
+        mine = issuer_claim(self.body)
+        conflict = issuer_conflict(mine, self.claims.get(mine.issuer, ())) if mine else None
+        return Outcome(False, "Conflict", conflict) if conflict is not None else None
 
     async def last_record(self, spec: TrustDomainSpec) -> TrustRecord | None:
         """The last good keys: as this operator wrote them, else as stored (a restart)."""

@@ -27,6 +27,9 @@ SAFE_ENV = {
     "NO_PROXY": "*",
     "MALLOC_ARENA_MAX": "2",  # as the chart sets it: fewer malloc arenas, less RSS
 }
+# The test bed's other clusters' issuers listen on loopback: the operator and the service
+# may fetch keys there (the chart's trustDomains.allowedNetworks; never link-local)
+TRUST_ENV = {"O41_TRUST_ALLOWED_NETWORKS": "127.0.0.0/8"}
 
 
 def _answers(url: str) -> bool:
@@ -130,6 +133,7 @@ class OperatorProcess(_Process):
             self.directory / f"operator-{self.starts}.log",
             env={
                 **SAFE_ENV,
+                **TRUST_ENV,
                 "KUBECONFIG": str(self.kubeconfig),
                 "O41_OPERATOR_NAMESPACE": NAMESPACE,
                 "O41_LOCATION_CHECK_INTERVAL": str(self.check_interval),
@@ -223,6 +227,7 @@ class PlacementProcess(_Process):
     log_format: str = "text"
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # more environment (O41_OWN_ISSUER)
 
     @property
     def url(self) -> str:
@@ -250,7 +255,7 @@ class PlacementProcess(_Process):
                 self.log_format,
             ],
             self.directory / f"placement-{self.starts}.log",
-            env=SAFE_ENV,
+            env={**SAFE_ENV, **TRUST_ENV, **self.env},
         ).start()
         self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
         return self

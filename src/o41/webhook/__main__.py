@@ -15,6 +15,7 @@ import sys
 from aiohttp import web
 
 from o41 import logs
+from o41.core.addresses import ALLOW_ENV, parse_networks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         "--backup-dir", default=None, help="where a snapshot is written before its upload"
     )
     parser.add_argument(
+        "--own-issuer",
+        default=os.environ.get("O41_OWN_ISSUER") or None,
+        help="this cluster's service account issuer, whose tokens go to the TokenReview and "
+        "which no TrustDomain may name (default: $O41_OWN_ISSUER; else this pod's token's "
+        "iss, else the API server's discovery document)",
+    )
+    parser.add_argument(
+        "--trust-allowed-networks",
+        default=os.environ.get(ALLOW_ENV, ""),
+        help="CIDRs, comma-separated: loopback or private networks TrustDomains' keys may be "
+        f"fetched from (the chart's trustDomains.allowedNetworks; default: ${ALLOW_ENV}); "
+        "link-local and cloud metadata addresses never",
+    )
+    parser.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=os.environ.get("O41_LOG_FORMAT") or "text",
@@ -114,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
         serving = ServingTls.from_environment(os.environ)
+        allowed = parse_networks(args.trust_allowed_networks)
     except ValueError as e:
         parser.error(str(e))
     settings = Settings(
@@ -133,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         backup_interval=args.backup_interval,
         backup_keep=args.backup_keep,
         backup_dir=args.backup_dir,
+        own_issuer=args.own_issuer,
+        trust_allowed=allowed,
     )
     web.run_app(
         make_app(settings),

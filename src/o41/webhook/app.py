@@ -11,16 +11,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from o41 import __version__
 from o41.core.service_tokens import issuer_for
-from o41.core.trust import TokenRefused
 from o41.service_tokens import SECRET as TOKEN_SECRET
 from o41.state import Store, open_store
+from o41.trust_keys import own_issuer
 from o41.webhook.backups import backing_up
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.collections import routes as collections
@@ -28,7 +27,6 @@ from o41.webhook.directories import routes as directories_routes
 from o41.webhook.http import auth, errors, metrics, request_ids, telemetry
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
-from o41.webhook.http.tokens import TokenVerifier
 from o41.webhook.http.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.ledger import MANIFESTS, Manifests
 from o41.webhook.retention import retaining
@@ -99,27 +97,20 @@ def state_store(given: Store | None) -> Any:
     return context
 
 
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-
-
-def local_issuer(token_file: Path = SERVICE_ACCOUNT_TOKEN) -> str | None:
-    """This cluster's issuer, from the service's own token (None outside a pod): a
-    TrustDomain naming it is ignored, so this cluster's tokens always meet the
-    TokenReview, which sees a deleted pod's token revoked."""
-    try:
-        iss = TokenVerifier.parse(token_file.read_text().strip())[1].get("iss")
-    except (OSError, TokenRefused):
-        return None
-    return iss if isinstance(iss, str) else None
-
-
 async def cluster_view(app: web.Application) -> AsyncIterator[None]:
     """The Kubernetes view, the Secrets and the VERSIONS counts shown in the cluster."""
     settings = app[SETTINGS]
     api = kubernetes_client(settings)
     app[KUBE_API] = api
     app[SECRETS] = Secrets(api, settings.secrets_namespace)
-    app[VIEW].trust.local_issuer = local_issuer()
+    trust = app[VIEW].trust
+    trust.allowed = settings.trust_allowed
+    trust.local_issuer, source = await asyncio.to_thread(own_issuer, settings.own_issuer, api)
+    if trust.local_issuer is None:  # its tokens would meet a TrustDomain naming it
+        log.warning(
+            "this cluster's issuer is unknown (%s): give it with --own-issuer (O41_OWN_ISSUER)",
+            source,
+        )
     secrets = app[SECRETS]
     assert isinstance(secrets, Secrets)
     tokens = app[VIEW].service_tokens

@@ -7,6 +7,7 @@ from typing import Literal
 
 from aiohttp import web
 
+from o41.core.addresses import Network
 from o41.state import EtcdTls
 from o41.webhook.http.tls import ServingTls
 
@@ -37,6 +38,11 @@ class Settings:
     backup_interval: float = 3600.0
     backup_keep: int = 14
     backup_dir: str | None = None  # None: the system's temporary directory
+    # this cluster's service account issuer, which no TrustDomain may name (None: learnt at
+    # start, o41.trust_keys.own_issuer); the networks beyond the public ones an issuer's
+    # keys may be fetched from (the chart's trustDomains.allowedNetworks)
+    own_issuer: str | None = None
+    trust_allowed: tuple[Network, ...] = ()
 
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings")

@@ -6,6 +6,11 @@ ConfigMap only the operator may write, ``o41.trust_record``), used only when the
 is bound to that TrustDomain's uid and issuer; its status is never read. A TrustDomain
 whose issuer is this cluster's own is ignored: this cluster's tokens keep going to the
 TokenReview, which sees revocation.
+
+One issuer is one trust domain: of the TrustDomains naming an issuer, only the oldest
+(creationTimestamp, then name, then uid: ``o41.core.trust.issuer_owners``) is trusted,
+whatever order the watch brought them in, so every replica maps the issuer's tokens to
+the same tenants. The operator shows the others ``Conflict``; that is not read here.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from o41.api import TrustDomainSpec
-from o41.core.trust import TrustPolicy
+from o41.core.addresses import Network
+from o41.core.trust import IssuerClaim, TrustPolicy, issuer_owners
 from o41.trust_record import TrustRecord
 from o41.webhook.http.tokens import TokenVerifier
 
@@ -30,6 +36,11 @@ class TrustDomainSource:
     name: str
     uid: str
     spec: TrustDomainSpec
+    created: str = ""  # metadata.creationTimestamp: the oldest of an issuer's owns it
+
+    @property
+    def claim(self) -> IssuerClaim:
+        return IssuerClaim(self.spec.issuer, self.name, self.uid, self.created)
 
     def policy(self) -> TrustPolicy:
         spec = self.spec
@@ -44,7 +55,8 @@ def trust_domain_source(obj: Mapping[str, Any]) -> TrustDomainSource | None:
     except ValidationError as e:
         log.warning("TrustDomain %s ignored: its spec is not valid: %s", meta.get("name"), e)
         return None
-    return TrustDomainSource(str(meta["name"]), str(meta["uid"]), spec)
+    created = str(meta.get("creationTimestamp") or "")
+    return TrustDomainSource(str(meta["name"]), str(meta["uid"]), spec, created)
 
 
 @dataclass
@@ -52,6 +64,7 @@ class TrustedDomains:
     """The verifier of other clusters' tokens, fed from the TrustDomains and records."""
 
     local_issuer: str | None = None  # this cluster's own issuer, never trusted offline
+    allowed: tuple[Network, ...] = ()  # networks beyond the public ones keys come from
     sources: dict[str, TrustDomainSource] = field(default_factory=dict)  # by name
     records: dict[str, TrustRecord] = field(default_factory=dict)  # by TrustDomain uid
     verifier: TokenVerifier = field(init=False)
@@ -60,12 +73,23 @@ class TrustedDomains:
         self.verifier = TokenVerifier(self.fetch)
 
     def put_source(self, source: TrustDomainSource) -> None:
+        before = self.sources.get(source.name)
         self.sources[source.name] = source
-        self._apply(source.name)
+        self._settle({source.spec.issuer} | ({before.spec.issuer} if before else set()))
 
     def drop_source(self, name: str) -> None:
-        self.sources.pop(name, None)
+        gone = self.sources.pop(name, None)
         self.verifier.forget(name)
+        if gone is not None:  # the next oldest naming its issuer, if any, owns it now
+            self._settle({gone.spec.issuer})
+
+    def _settle(self, issuers: set[str]) -> None:
+        """The issuers' TrustDomains again: the ones no longer owners forgotten first
+        (the verifier holds one domain per issuer), then the owners trusted."""
+        named = [s for s in self.sources.values() if s.spec.issuer in issuers]
+        owners = issuer_owners(s.claim for s in named)
+        for source in sorted(named, key=lambda s: s.uid == owners[s.spec.issuer].uid):
+            self._apply(source.name)
 
     def put_record(self, record: TrustRecord) -> None:
         self.records[record.uid] = record
@@ -86,6 +110,17 @@ class TrustedDomains:
                 "TokenReview checks",
                 name,
                 source.spec.issuer,
+            )
+            self.verifier.forget(name)
+            return
+        claims = (s.claim for s in self.sources.values() if s.spec.issuer == source.spec.issuer)
+        owner = issuer_owners(claims)[source.spec.issuer]
+        if owner.uid != source.uid:
+            log.warning(
+                "TrustDomain %s ignored: issuer %s belongs to TrustDomain %s, the oldest naming it",
+                name,
+                source.spec.issuer,
+                owner.name,
             )
             self.verifier.forget(name)
             return
@@ -113,4 +148,4 @@ class TrustedDomains:
         source = self.sources.get(policy.trust_domain)
         if source is None:
             raise LookupError(f"trust domain {policy.trust_domain!r} is gone")
-        return await fetch_keys(source.spec)
+        return await fetch_keys(source.spec, allowed=self.allowed)
