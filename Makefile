@@ -10,10 +10,12 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 	image test-real node-clean node-debs checkov
 
 deps: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml requirements/lock.txt
+$(VENV)/.installed: pyproject.toml requirements/lock.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c requirements/lock.txt -e '.[server,dev]'
+	@# the test bed (testbed/) is importable in this venv only: it ships in no wheel or image
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "o41-testbed.pth").write_text("$(CURDIR)\n")'
 	touch $@
 
 bins:
@@ -65,20 +67,20 @@ node-debs:
 # Put back what a real node of a run that died left on the machine (bridge, iptables,
 # mounts, cgroups, processes): `make dev-down` and the next start do it too.
 node-clean: deps
-	$(BIN)/python -m o41.testbed node-clean
+	$(BIN)/python -m testbed node-clean
 
 unit: deps checkov
 	$(BIN)/pytest -m "not kube and not etcd and not stores"
 
 demo: deps bins azurite
-	$(BIN)/python -m o41.testbed demo
+	$(BIN)/python -m testbed demo
 
 # REAL_NODE=1: also a real node (root), with the project's images imported.
 dev-up: deps bins azurite $(if $(REAL_NODE),image node-debs)
-	$(BIN)/python -m o41.testbed up --dir .dev $(if $(REAL_NODE),--real-node)
+	$(BIN)/python -m testbed up --dir .dev $(if $(REAL_NODE),--real-node)
 
 dev-down:
-	@if [ -x $(BIN)/python ]; then $(BIN)/python -m o41.testbed down --dir .dev; fi
+	@if [ -x $(BIN)/python ]; then $(BIN)/python -m testbed down --dir .dev; fi
 	@rm -f .dev/env .dev/examples.yaml
 
 clean: dev-down

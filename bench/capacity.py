@@ -57,12 +57,6 @@ from o41.core.ledger import manifest_object, record_key  # noqa: E402
 from o41.core.versions import index_suffix  # noqa: E402
 from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
-from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.locations import ORG as SERVICE_ORG  # noqa: E402
-from o41.testbed.locations import Keys, location  # noqa: E402
-from o41.testbed.process import LOOPBACK, Server, free_port  # noqa: E402
-from o41.testbed.standin_bucket import Storage  # noqa: E402
-from o41.testbed.usage import FakeReviewer  # noqa: E402
 from o41.webhook import app as service_app  # noqa: E402
 from o41.webhook.buckets import OpenBucket  # noqa: E402
 from o41.webhook.collections.quota import Limits  # noqa: E402
@@ -84,6 +78,12 @@ from o41.webhook.records import (  # noqa: E402
 )
 from o41.webhook.usage.counters import Usage, rollup_prefix  # noqa: E402
 from o41.webhook.writes.commit import make_version, version_of  # noqa: E402
+from testbed.kube import bin_dir  # noqa: E402
+from testbed.locations import ORG as SERVICE_ORG  # noqa: E402
+from testbed.locations import Keys, location  # noqa: E402
+from testbed.process import LOOPBACK, Server, free_port  # noqa: E402
+from testbed.standin_bucket import Storage  # noqa: E402
+from testbed.usage import FakeReviewer  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2

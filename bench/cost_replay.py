@@ -37,7 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench.traces.trace import Event, load  # noqa: E402
-
 from o41.core import usage  # noqa: E402
 from o41.core.advice import MONTH_HOURS, best_net_location  # noqa: E402
 from o41.core.organization import LocationFacts, effective  # noqa: E402

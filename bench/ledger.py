@@ -87,17 +87,6 @@ from o41.location_record import LocationRecord  # noqa: E402
 from o41.locations import Location, read_location  # noqa: E402
 from o41.state import Compare, Delete, Put  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
-from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
-from o41.testbed.kube import service_account_token as sa_token  # noqa: E402
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
-from o41.testbed.product import (  # noqa: E402
-    OperatorProcess,
-    PlacementProcess,
-    install_crds,
-    store_secrets,
-)
-from o41.testbed.stores import start_s3  # noqa: E402
 from o41.webhook.http import auth  # noqa: E402
 from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.ledger import record_of  # noqa: E402
@@ -111,6 +100,17 @@ from o41.webhook.records import (  # noqa: E402
     pending_key,
     version_key,
 )
+from testbed.etcd import EtcdCluster  # noqa: E402
+from testbed.kube import ControlPlane, apply, bin_dir, kubectl  # noqa: E402
+from testbed.kube import service_account_token as sa_token  # noqa: E402
+from testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
+from testbed.product import (  # noqa: E402
+    OperatorProcess,
+    PlacementProcess,
+    install_crds,
+    store_secrets,
+)
+from testbed.stores import start_s3  # noqa: E402
 
 ORG = "bench"  # the commits' organization (namespace "bench")
 REBUILT = "rebuilt"  # the rebuild's organization: its own keys in etcd, its own bucket

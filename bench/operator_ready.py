@@ -28,9 +28,9 @@ sys.path[:0] = [str(ROOT / "src")]
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from o41.testbed.kube import ControlPlane, Kube, bin_dir  # noqa: E402
-from o41.testbed.product import OperatorProcess, store_secrets  # noqa: E402
-from o41.testbed.stores import start_s3  # noqa: E402
+from testbed.kube import ControlPlane, Kube, bin_dir  # noqa: E402
+from testbed.product import OperatorProcess, store_secrets  # noqa: E402
+from testbed.stores import start_s3  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/place_detect.py [--runs N] [--import-runs N]
 
 Detection runs with the cache reset before each run, against a tmp DMI directory and
-loopback metadata fakes only (o41/testbed/metadata.py): nothing leaves 127.0.0.1.
+loopback metadata fakes only (testbed/metadata.py): nothing leaves 127.0.0.1.
 Import times are wall-clock times of a fresh interpreter, next to ``python -c pass``
 (the floor), plus ``-X importtime``'s cumulative figure for the module itself. Bytecode
 is cached in a tmp dir (``PYTHONPYCACHEPREFIX``), as for an installed package, even where
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
 from o41.client import place  # noqa: E402
-from o41.testbed.metadata import AwsImds, AzureImds, GcpMetadata, closed_port_url  # noqa: E402
+from testbed.metadata import AwsImds, AzureImds, GcpMetadata, closed_port_url  # noqa: E402
 
 PYCACHE = tempfile.mkdtemp(prefix="o41-place-bench-pycache-")
 PLACE_VARS = (place.ENV_CLOUD, place.ENV_REGION, place.ENV_SKYPILOT)

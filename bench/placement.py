@@ -43,22 +43,22 @@ import aiohttp  # noqa: E402
 
 from o41.client.transfers import PARALLEL_PARTS  # noqa: E402
 from o41.core.places import Place  # noqa: E402
-from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import (  # noqa: E402
+from testbed.etcd import EtcdCluster  # noqa: E402
+from testbed.kube import (  # noqa: E402
     ControlPlane,
     apply,
     bin_dir,
     kubectl,
     service_account_token,
 )
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
-from o41.testbed.product import (  # noqa: E402
+from testbed.process import LOOPBACK, Server, free_port, port_open  # noqa: E402
+from testbed.product import (  # noqa: E402
     OperatorProcess,
     PlacementProcess,
     install_crds,
     store_secrets,
 )
-from o41.testbed.stores import GATEWAYS_FILE, VersityStore, start_s3  # noqa: E402
+from testbed.stores import GATEWAYS_FILE, VersityStore, start_s3  # noqa: E402
 
 BARE = """
 from aiohttp import web

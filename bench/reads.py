@@ -44,7 +44,7 @@ sys.path[:0] = [str(ROOT / "src")]
 from o41.client import reads  # noqa: E402
 from o41.client.transfers import part_checksums  # noqa: E402
 from o41.core.parts import part_size_for  # noqa: E402
-from o41.testbed.stores import GATEWAYS_FILE, start_s3  # noqa: E402
+from testbed.stores import GATEWAYS_FILE, start_s3  # noqa: E402
 
 BUCKET = "o41-bench-reads"
 MiB = 2**20

@@ -38,9 +38,6 @@ from o41.core.versions import index_suffix  # noqa: E402
 from o41.state import Delete, Put, Store  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.storage import BucketRef, open_bucket  # noqa: E402
-from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.stores import start_s3  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
 from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
@@ -52,6 +49,9 @@ from o41.webhook.records import (  # noqa: E402
 )
 from o41.webhook.retention import RETENTION  # noqa: E402
 from o41.webhook.writes import backfill  # noqa: E402
+from testbed.etcd import EtcdCluster  # noqa: E402
+from testbed.kube import bin_dir  # noqa: E402
+from testbed.stores import start_s3  # noqa: E402
 
 ORG = "ml"
 KEEP = 10
@@ -159,7 +159,7 @@ async def main() -> None:
 
 
 async def run(args: argparse.Namespace, store: EtcdStore, s3: Any) -> None:
-    from o41.testbed.locations import location
+    from testbed.locations import location
 
     creds = {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key}
     ref = BucketRef(

@@ -58,10 +58,10 @@ from aetcd import rpc  # noqa: E402
 from o41.collections.client import Client, HttpTransport  # noqa: E402
 from o41.state import EtcdTls  # noqa: E402
 from o41.state.etcd import connection_settings  # noqa: E402
-from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.process import LOOPBACK, free_port, plain_websocket  # noqa: E402
-from o41.testbed.product import SAFE_ENV, CollectionsProcess  # noqa: E402
+from testbed.etcd import EtcdCluster  # noqa: E402
+from testbed.kube import bin_dir  # noqa: E402
+from testbed.process import LOOPBACK, free_port, plain_websocket  # noqa: E402
+from testbed.product import SAFE_ENV, CollectionsProcess  # noqa: E402
 
 VALUE = b"v" * 64
 PACE = 0.0003  # seconds

@@ -37,8 +37,6 @@ os.environ.setdefault("O41_ETCD_ATTEMPT_SECONDS", "60")
 from o41.state import Put  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.state.snapshot import take  # noqa: E402
-from o41.testbed.kube import bin_dir  # noqa: E402
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
     ArtifactRecord,
     Version,
@@ -46,6 +44,8 @@ from o41.webhook.records import (  # noqa: E402
     index_prefix,
     version_key,
 )
+from testbed.kube import bin_dir  # noqa: E402
+from testbed.process import LOOPBACK, Server, free_port, wait_until  # noqa: E402
 
 BATCH = 100  # ops per transaction (etcd's --max-txn-ops is 128)
 PARALLEL = 16

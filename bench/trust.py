@@ -7,7 +7,7 @@ clients for ``--seconds`` each, with:
    service checks it with a real TokenReview, cached 30 s per token (so, under load, one
    TokenReview and then the cache);
 2. ``remote pod token (cached)``: one projected token of cluster B (``ml/trainer``)
-   signed by ``o41.testbed.issuer.Issuer`` (RS256), verified offline, cached per token;
+   signed by ``testbed.issuer.Issuer`` (RS256), verified offline, cached per token;
 3. ``service token (VM)``: one token made with ``o41.service_tokens.TokenAdmin`` against
    the control plane (ES256, its record a ConfigMap the service watches);
 4. ``ceiling: bare aiohttp JSON handler``: the same load on a handler that reads the body
@@ -62,25 +62,25 @@ sys.path[:0] = [str(ROOT / "src")]
 import aiohttp  # noqa: E402
 
 from o41.service_tokens import TokenAdmin  # noqa: E402
-from o41.testbed.etcd import EtcdCluster  # noqa: E402
-from o41.testbed.issuer import Issuer  # noqa: E402
-from o41.testbed.kube import (  # noqa: E402
+from o41.trust_record import TrustRecord, record_name  # noqa: E402
+from testbed.etcd import EtcdCluster  # noqa: E402
+from testbed.issuer import Issuer  # noqa: E402
+from testbed.kube import (  # noqa: E402
     ControlPlane,
     apply,
     bin_dir,
     kubectl,
     service_account_token,
 )
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open, wait_until  # noqa: E402
-from o41.testbed.product import (  # noqa: E402
+from testbed.process import LOOPBACK, Server, free_port, port_open, wait_until  # noqa: E402
+from testbed.product import (  # noqa: E402
     NAMESPACE,
     OperatorProcess,
     PlacementProcess,
     install_crds,
     store_secrets,
 )
-from o41.testbed.stores import start_s3  # noqa: E402
-from o41.trust_record import TrustRecord, record_name  # noqa: E402
+from testbed.stores import start_s3  # noqa: E402
 
 # bench/placement.py's ceiling, as it is there
 BARE = """

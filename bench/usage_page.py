@@ -47,8 +47,8 @@ from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
 from o41.state import Put, Store  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
-from o41.testbed.usage import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
 from o41.webhook.usage.counters import USAGE, Dims, digest_of, period_prefix  # noqa: E402
+from testbed.usage import CENTRAL, EAST, ORG, bearer, hours_ago, seeded_app  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from capacity import Etcd  # type: ignore[import-not-found]  # noqa: E402  (bench/ is no package)

@@ -18,7 +18,7 @@
 # API groups (autoscaling/v2beta1) that k8s.io/api v0.37 no longer has. The pins are releases whose own
 # go.mod asks for k8s.io v0.36-0.37, so the one version they all get differs little from
 # the one each was released with. CoreDNS is built with only the plugins the real node's
-# Corefile uses (src/o41/testbed/node.py): no cloud SDKs, as CoreDNS's docs describe for
+# Corefile uses (testbed/node.py): no cloud SDKs, as CoreDNS's docs describe for
 # an external main.
 #
 # Why a module at all for Kubernetes: k8s.io/kubernetes replaces its ~33 staging modules
@@ -118,7 +118,7 @@ build_kube() {
   (cd "$dir" && timed kube go build -mod=mod -o "$out/" -ldflags "$flags" "${need[@]}")
   # kwok's stages (since v0.8 none are built in): its own "fast" set, kustomize/stage/fast
   # of the kwok module (node initialize and heartbeat with lease, pod ready, complete and
-  # delete), handed to kwok by `--config` (src/o41/testbed/kube.py)
+  # delete), handed to kwok by `--config` (testbed/kube.py)
   local stages
   stages="$(cd "$dir" && go list -mod=mod -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
   for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from o41.testbed.kube import bin_dir
 from test_chart import CHART, Doc, find, kinds, render, run_helm
+from testbed.kube import bin_dir
 
 TESTS = Path(__file__).parent / "alerts" / "o41-artifacts.test.yaml"
 ALERTS = {

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from test_fuzz import _forged_token
+from testbed.kube import Kube
+from testbed.product import PlacementProcess as PlacementService
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.world import API, World
 from support import wait_for

@@ -25,12 +25,12 @@ from joserfc.jwk import RSAKey
 from o41.crd import ISSUER_IMMUTABLE
 from o41.location_record import COUNTS, LocationRecord, parse, record_name
 from o41.locations import read_location
-from o41.testbed.kube import Kube, kubectl_binary
-from o41.testbed.process import free_port
-from o41.testbed.product import NAMESPACE
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import S3Store
 from o41.webhook.http.view import View, organization_source
+from testbed.kube import Kube, kubectl_binary
+from testbed.process import free_port
+from testbed.product import NAMESPACE
+from testbed.product import PlacementProcess as PlacementService
+from testbed.stores import S3Store
 
 from fixtures.operator import Operator
 from support import token_kubeconfig, wait_for

@@ -23,15 +23,15 @@ from o41.collections import values
 from o41.collections.transport import LimitReached
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import Kube
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import PlacementProcess
 from o41.webhook.collections import routes
 from o41.webhook.collections.quota import Limits
 from o41.webhook.http import auth
 from test_collections_support import ServiceThread
 from test_collections_websocket import exchange, op
+from testbed.etcd import EtcdCluster
+from testbed.kube import Kube
+from testbed.process import LOOPBACK, free_port
+from testbed.product import PlacementProcess
 
 from support import wait_for
 

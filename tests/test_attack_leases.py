@@ -29,13 +29,13 @@ from aiohttp import web
 from o41.collections.keys import encode_key
 from o41.state import KeyValue
 from o41.state.etcd import EtcdStore
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from o41.webhook.collections import routes
 from o41.webhook.records import pending_key
 from test_collections_support import ServiceThread
+from testbed.etcd import EtcdCluster
+from testbed.kube import Kube
+from testbed.product import PlacementProcess
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.world import World
 from support import wait_for

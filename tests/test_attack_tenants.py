@@ -29,10 +29,10 @@ import pytest
 
 from o41.collections.keys import encode_key
 from o41.collections.wire import PROTOCOL
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.product import NAMESPACE
-from o41.testbed.product import PlacementProcess as PlacementService
 from o41.webhook.collections.websocket import REFUSED
+from testbed.etcd import EtcdCluster
+from testbed.product import NAMESPACE
+from testbed.product import PlacementProcess as PlacementService
 
 from fixtures.world import API, World
 from support import wait_for

@@ -33,14 +33,14 @@ from typing import Any
 import pytest
 
 from o41.core.trust import issuer_conflict, issuer_owners
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.issuer import Issuer
-from o41.testbed.kube import IN_CLUSTER_ISSUER, Kube, kubectl_binary
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import WEBHOOK_CONFIG
-from o41.testbed.product import PlacementProcess as PlacementService
 from o41.trust_record import issuer_claim
+from testbed.etcd import EtcdCluster
+from testbed.issuer import Issuer
+from testbed.kube import IN_CLUSTER_ISSUER, Kube, kubectl_binary
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, free_port
+from testbed.product import WEBHOOK_CONFIG
+from testbed.product import PlacementProcess as PlacementService
 
 from fixtures.operator import Operator
 from support import wait_for

@@ -22,16 +22,16 @@ from prometheus_client import generate_latest
 from o41.state import Put, open_store
 from o41.state.etcd import EtcdStore
 from o41.state.snapshot import PREFIX, Snapshot, newest_first, parse_key, snapshot_key
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import bin_dir
-from o41.testbed.locations import ORG, Keys, location
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
-from o41.testbed.standin_bucket import Storage, Stored
 from o41.webhook.app import Settings, make_app
 from o41.webhook.backups import LAST_KEY, Backups
 from o41.webhook.http import telemetry
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import Cluster, View, organization_source
+from testbed.etcd import EtcdCluster
+from testbed.kube import bin_dir
+from testbed.locations import ORG, Keys, location
+from testbed.process import LOOPBACK, Server, free_port, wait_until
+from testbed.standin_bucket import Storage, Stored
 
 from support import wait_for_async
 

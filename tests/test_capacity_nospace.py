@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.capacity import ORG, Etcd, PlacementService, begin, commit, write_dims  # noqa: E402
-
 from o41.collections.keys import encode_key  # noqa: E402
 from o41.state import StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402

@@ -21,7 +21,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from o41.state import EtcdTls
-from o41.testbed.kube import bin_dir
+from testbed.kube import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "o41-artifacts"

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from o41.restore.admin import Release, add_step, remove_step, restore_step
-from o41.testbed.kube import Kube
 from test_chart import CHART, NAMESPACE, container, find, helm, render, run_helm
+from testbed.kube import Kube
 
 
 @pytest.mark.kube

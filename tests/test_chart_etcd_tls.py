@@ -40,11 +40,11 @@ from o41.collections.client import Client
 from o41.collections.transport import HttpTransport
 from o41.state import EtcdTls, StoreUnavailable, store_settings
 from o41.state.etcd import EtcdStore
-from o41.testbed.kube import Kube
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, Server, free_port
-from o41.testbed.product import SAFE_ENV, install_crds
 from test_chart import NAMESPACE, Doc, container, find, render
+from testbed.kube import Kube
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, Server, free_port
+from testbed.product import SAFE_ENV, install_crds
 
 from support import wait_for
 

@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from o41.testbed.kube import Kube
-from o41.testbed.product import install_crds
+from testbed.kube import Kube
+from testbed.product import install_crds
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

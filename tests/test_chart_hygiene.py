@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from o41.testbed.kube import bin_dir
 from test_chart import CHART, KUBE_VERSION, NAMESPACE, find, render, run_helm
+from testbed.kube import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "chart.md"

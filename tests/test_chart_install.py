@@ -4,7 +4,7 @@ tokens.
 
 kwok runs the pods (Running and Ready without pulling an image), so what is proved here is
 what the API server and the controllers make of the chart; the product's own processes run
-on 127.0.0.1 (o41.testbed.product), with the tokens of the chart's ServiceAccounts.
+on 127.0.0.1 (testbed.product), with the tokens of the chart's ServiceAccounts.
 
 One release per module, in a namespace of its own. While it is installed its webhook
 configuration (failurePolicy Fail) points at an operator pod that kwok only pretends to
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.kube import Kube, kubectl_binary
-from o41.testbed.process import LOOPBACK, Server, free_port
-from o41.testbed.product import SAFE_ENV
-from o41.testbed.stores import S3Store
 from test_chart import CHART, helm
+from testbed.kube import Kube, kubectl_binary
+from testbed.process import LOOPBACK, Server, free_port
+from testbed.product import SAFE_ENV
+from testbed.stores import S3Store
 
 from support import token_kubeconfig as kubeconfig_for
 from support import wait_for

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from o41.testbed.kube import SELF, ControlPlane, bin_dir
-from o41.testbed.pki import Authority
 from test_chart import REPO, helm, run_helm
+from testbed.kube import SELF, ControlPlane, bin_dir
+from testbed.pki import Authority
 
 REMOTE = REPO / "charts" / "o41-remote"
 HUB = "https://hub.example.com:30443"

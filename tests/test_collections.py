@@ -28,8 +28,8 @@ from o41 import sky
 from o41.collections.client import Client, Conflict, Consistency, Unavailable, ValueTooLarge
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
-from o41.testbed.etcd import EtcdCluster
 from test_collections_support import ServiceThread
+from testbed.etcd import EtcdCluster
 
 from support import wait_for
 

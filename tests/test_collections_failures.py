@@ -19,8 +19,8 @@ import pytest
 
 from o41.collections.client import Unavailable
 from o41.state.etcd import EtcdStore
-from o41.testbed.etcd import EtcdCluster
 from test_collections_support import ServiceProcess, ServiceThread
+from testbed.etcd import EtcdCluster
 
 from support import wait_for
 

@@ -18,9 +18,9 @@ import pytest
 
 from o41.collections.client import HttpTransport, Unavailable
 from o41.state.memory import MemoryStore
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK
 from test_collections_support import ServiceThread
+from testbed.pki import Authority
+from testbed.process import LOOPBACK
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from aiohttp import web
 from o41.collections.client import Client, HttpTransport
 from o41.collections.engine import Engine
 from o41.state import Store
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import CollectionsProcess
 from o41.webhook.collections import routes
 from o41.webhook.http import auth, errors
 from o41.webhook.http.store import STORE
+from testbed.process import LOOPBACK, free_port
+from testbed.product import CollectionsProcess
 
 T = TypeVar("T")
 

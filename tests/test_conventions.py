@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 
 from o41.operator import health
-from o41.testbed.kube import Kube, kubectl_binary
-from o41.testbed.process import LOOPBACK, free_port
 from test_operator import Cluster, org_status, unique
+from testbed.kube import Kube, kubectl_binary
+from testbed.process import LOOPBACK, free_port
 
 from fixtures.operator import Operator
 from support import wait_for

@@ -81,9 +81,7 @@ def test_a_token_is_accepted_only_as_recorded() -> None:
 
 
 @given(st.integers(1, 3 * MAX_TTL), st.integers(-MAX_TTL, 3600))
-def test_a_token_lasting_past_the_cap_is_refused_whoever_signed_it(
-    lifetime: int, age: int
-) -> None:
+def test_a_token_lasting_past_the_cap_is_refused_whoever_signed_it(lifetime: int, age: int) -> None:
     """Issue 37, point 5: the 30-day cap holds where tokens are taken, not only in the
     CLI; ``age``: how long ago it was issued (negative: within the clock leeway ahead)."""
     now = 2_000_000_000

@@ -31,7 +31,6 @@ from bench.cost_replay import (  # noqa: E402
 )
 from bench.traces.synthetic import MIXES, generate  # noqa: E402
 from bench.traces.trace import Event, TraceError, load, read_trace, write  # noqa: E402
-
 from o41.webhook.usage.prices import DEFAULT_PRICES, STORAGE_PRICES  # noqa: E402
 
 PRICES = Prices(DEFAULT_PRICES, STORAGE_PRICES)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from o41.crd import IMMUTABLE, ISSUER_IMMUTABLE, ONE_KEY_SOURCE, TRUST_DOMAIN_NAME_RULE, rendered
-from o41.testbed.kube import Kube, kubectl_binary
+from testbed.kube import Kube, kubectl_binary
 
 from support import wait_for
 

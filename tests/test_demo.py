@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from o41.testbed.kube import kubectl
+from testbed.kube import kubectl
 
 pytestmark = [pytest.mark.kube, pytest.mark.etcd, pytest.mark.stores]
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_testbed(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "o41.testbed", *args],
+        [sys.executable, "-m", "testbed", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

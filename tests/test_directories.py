@@ -19,10 +19,10 @@ from o41.cli import main
 from o41.core.directories import MAX_FILES, MAX_PATH_BYTES
 from o41.core.ledger import parse_record
 from o41.core.places import Place
-from o41.testbed.locations import ORG
-from o41.testbed.standin_bucket import Stored
 from o41.webhook.http.store import STORE
 from test_writes import Service, serve
+from testbed.locations import ORG
+from testbed.standin_bucket import Stored
 
 PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}
 
@@ -460,7 +460,7 @@ async def test_a_listing_whose_etags_are_no_md5s_is_checked_by_heads(tmp_path: P
     """S3 with SSE-KMS lists ETags that look like MD5s and are not: the commit asks the
     bucket (a HEAD) about each file its listing disagrees on, and accepts what the HEAD
     says is right; the listing alone decides nothing."""
-    from o41.testbed.standin_bucket import StandInBucket, Storage
+    from testbed.standin_bucket import StandInBucket, Storage
 
     heads: list[str] = []
 

@@ -8,7 +8,7 @@ import aetcd
 import aetcd.exceptions
 import pytest
 
-from o41.testbed.etcd import EtcdCluster
+from testbed.etcd import EtcdCluster
 
 pytestmark = pytest.mark.etcd
 

@@ -18,8 +18,8 @@ import pytest
 from o41.artifacts import Client
 from o41.core.places import Place
 from o41.filesystem import O41FileSystem, parse
-from o41.testbed.locations import ORG
 from test_writes import Service, serve
+from testbed.locations import ORG
 
 
 @pytest.fixture

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.config import SchemathesisConfig
 
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from o41.webhook.openapi import document
+from testbed.kube import Kube
+from testbed.product import PlacementProcess as PlacementService
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.world import World
 

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from o41 import __version__
-from o41.testbed import images as image_build
-from o41.testbed.kube import Kube
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import install_crds
+from testbed import images as image_build
+from testbed.kube import Kube
+from testbed.process import LOOPBACK, free_port
+from testbed.product import install_crds
 
 from support import wait_for
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from o41.testbed.kube import Kube
+from testbed.kube import Kube
 
 pytestmark = pytest.mark.kube
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from o41 import logs
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess
+from testbed.kube import Kube
+from testbed.product import PlacementProcess
 
 from fixtures.operator import Operator
 from support import wait_for

@@ -21,11 +21,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
 from test_chart import CHART, run_helm
+from testbed.etcd import EtcdCluster
+from testbed.kube import Kube
+from testbed.product import PlacementProcess as PlacementService
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.operator import Operator
 from fixtures.world import World

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from o41.testbed.kube import SELF, ControlPlane, bin_dir
+from testbed.kube import SELF, ControlPlane, bin_dir
 
 from fixtures.world import API, World
 

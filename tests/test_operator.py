@@ -17,9 +17,9 @@ from botocore.exceptions import ClientError
 
 from o41.location_record import LocationRecord
 from o41.storage import bucket_name
-from o41.testbed.kube import Kube
-from o41.testbed.product import NAMESPACE
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
+from testbed.kube import Kube
+from testbed.product import NAMESPACE
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 from fixtures.operator import Operator
 from support import wait_for
@@ -56,7 +56,7 @@ class Cluster:
         )
 
     def _kubectl(self) -> list[str]:
-        from o41.testbed.kube import kubectl_binary
+        from testbed.kube import kubectl_binary
 
         return [kubectl_binary(), f"--kubeconfig={self.kube.kubeconfig}"]
 

@@ -13,7 +13,7 @@ from o41.operator.buckets import RecordCreations
 from o41.operator.cluster import Cluster
 from o41.operator.records import Records
 from o41.storage import SetupFailed
-from o41.testbed.process import LOOPBACK, free_port
+from testbed.process import LOOPBACK, free_port
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.kube import Kube, kubectl_binary
-from o41.testbed.product import NAMESPACE
-from o41.testbed.stores import VersityStore
+from testbed.kube import Kube, kubectl_binary
+from testbed.product import NAMESPACE
+from testbed.stores import VersityStore
 
 from fixtures.operator import Operator
 from support import wait_for

@@ -36,7 +36,7 @@ from o41.client.place import (
     reset,
 )
 from o41.core.places import Place
-from o41.testbed.metadata import (
+from testbed.metadata import (
     AwsImds,
     AzureImds,
     GcpMetadata,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from o41.testbed.metadata import AwsImds, GcpMetadata, isolate, write_dmi
+from testbed.metadata import AwsImds, GcpMetadata, isolate, write_dmi
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"

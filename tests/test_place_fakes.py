@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from o41.testbed.metadata import AwsImds, AzureImds, GcpMetadata, isolate
+from testbed.metadata import AwsImds, AzureImds, GcpMetadata, isolate
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from o41.core.parts import crc32_b64
-from o41.testbed.kube import Kube
-from o41.testbed.product import NAMESPACE
-from o41.testbed.stores import S3Store
+from testbed.kube import Kube
+from testbed.product import NAMESPACE
+from testbed.stores import S3Store
 
 from fixtures.placement import BreakableEndpoint
 from fixtures.world import API, World

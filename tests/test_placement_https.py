@@ -1,7 +1,7 @@
 """The placement service over HTTPS on its own port (issue 31: the hub reached from other
 clusters and VMs), and clients that check it with ``O41_ARTIFACTS_CA_FILE``.
 
-Real parts: certificates of a throwaway CA (``o41.testbed.pki``), the service app served
+Real parts: certificates of a throwaway CA (``testbed.pki``), the service app served
 by an aiohttp TCPSite with the very context ``python -m o41.webhook`` gives it
 (``o41.webhook.http.tls``) on 127.0.0.1, the ``o41`` CLI in a subprocess, the SDK, the
 collections' client over wss, and ``python -m o41.webhook`` itself as a process. The
@@ -35,19 +35,19 @@ from o41.client.errors import ArtifactError, TransportError
 from o41.collections.client import Client, HttpTransport, Unavailable
 from o41.core.places import Place
 from o41.state.memory import MemoryStore
-from o41.testbed.locations import ORG, Keys, location
-from o41.testbed.pki import Authority, CertPair
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.standin_bucket import Storage
-from o41.testbed.usage import FakeReviewer
 from o41.webhook.app import Settings, make_app
 from o41.webhook.http.tls import Reloading, ServingTls
 from o41.webhook.http.view import Cluster, View, organization_source
+from testbed.locations import ORG, Keys, location
+from testbed.pki import Authority, CertPair
+from testbed.process import LOOPBACK, free_port
+from testbed.standin_bucket import Storage
+from testbed.usage import FakeReviewer
 
 from support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "token-team-a"  # o41.testbed.usage's: namespace team-a, listed by the Organization
+TOKEN = "token-team-a"  # testbed.usage's: namespace team-a, listed by the Organization
 
 
 @dataclass

@@ -25,7 +25,7 @@ from o41.client import reads
 from o41.client.errors import Damaged
 from o41.client.reads import download
 from o41.core.parts import crc32_b64
-from o41.testbed.process import LOOPBACK
+from testbed.process import LOOPBACK
 
 PART = 256 * 1024
 SIZE = 6 * PART + 1000  # seven parts, the last one short

@@ -28,9 +28,9 @@ from o41.client.artifacts import Artifacts
 from o41.client.errors import Damaged
 from o41.core.parts import PART_SIZE, crc32_b64
 from o41.core.places import Place
-from o41.testbed.kube import Kube
-from o41.testbed.product import PlacementProcess
-from o41.testbed.stores import AzureStore, GcsStore, VersityStore
+from testbed.kube import Kube
+from testbed.product import PlacementProcess
+from testbed.stores import AzureStore, GcsStore, VersityStore
 
 from support import wait_for
 

@@ -30,9 +30,6 @@ from o41.client.artifacts import Artifacts
 from o41.client.directories import read_dir, write_dir
 from o41.core.places import Place
 from o41.state.snapshot import PREFIX, newest_first
-from o41.testbed.kube import kubectl, kubectl_binary, service_account_token
-from o41.testbed.node import GATEWAY, RealNode
-from o41.testbed.stores import start_moto
 from test_chart import CHART
 from test_real_chart import (
     EXAMPLES,
@@ -45,6 +42,9 @@ from test_real_chart import (
     location_on_the_stand_in,
     split,
 )
+from testbed.kube import kubectl, kubectl_binary, service_account_token
+from testbed.node import GATEWAY, RealNode
+from testbed.stores import start_moto
 
 from support import wait_for
 

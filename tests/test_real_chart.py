@@ -33,11 +33,11 @@ import yaml
 from o41.client.artifacts import ArtifactError, Artifacts
 from o41.core.places import Place
 from o41.location_record import record_name
-from o41.testbed.kube import SELF, ControlPlane, bin_dir, kubectl, service_account_token
-from o41.testbed.node import GATEWAY, NODE_NAME, RealNode
-from o41.testbed.stores import S3Store, start_moto
 from test_chart import CHART, REPO, helm
 from test_real_node import finished, pod
+from testbed.kube import SELF, ControlPlane, bin_dir, kubectl, service_account_token
+from testbed.node import GATEWAY, NODE_NAME, RealNode
+from testbed.stores import S3Store, start_moto
 
 from support import wait_for
 
@@ -209,7 +209,7 @@ def test_the_api_server_calls_the_webhook_through_its_service(installed: Install
 
 
 def kubectl_argv(installed: Installed) -> list[str]:
-    from o41.testbed.kube import kubectl_binary
+    from testbed.kube import kubectl_binary
 
     return [kubectl_binary(), f"--kubeconfig={installed.kubeconfig}"]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from o41.testbed import host, node
-from o41.testbed.kube import kubectl
-from o41.testbed.node import GATEWAY, NODE_NAME, NODE_SELECTOR, TOLERATION, RealNode
+from testbed import host, node
+from testbed.kube import kubectl
+from testbed.node import GATEWAY, NODE_NAME, NODE_SELECTOR, TOLERATION, RealNode
 
 from support import wait_for
 
@@ -219,7 +219,7 @@ print(json.dumps(seen))
 def test_node_clean_leaves_a_running_node_alone(real_node: RealNode) -> None:
     """`make node-clean` (or another session's `make dev-down`) while this node runs."""
     done = subprocess.run(
-        [sys.executable, "-m", "o41.testbed", "node-clean"],
+        [sys.executable, "-m", "testbed", "node-clean"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 1
@@ -252,7 +252,7 @@ def test_a_run_that_dies_leaves_nothing_once_cleaned_up(
     assert host.cgroup_pids(node.CGROUP_ROOT), "the pod outlived its kubelet, as after a crash"
 
     done = subprocess.run(
-        [sys.executable, "-m", "o41.testbed", "node-clean"],
+        [sys.executable, "-m", "testbed", "node-clean"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert (done.returncode, done.stdout.strip()) == (0, "nothing left"), done.stderr

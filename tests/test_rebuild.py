@@ -27,12 +27,12 @@ import pytest
 
 from o41.core.ledger import parse_record
 from o41.state import open_store
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import Kube
-from o41.testbed.product import NAMESPACE, SAFE_ENV
-from o41.testbed.product import PlacementProcess as PlacementService
-from o41.testbed.stores import S3Store
 from o41.webhook.records import PREFIX, Tag, tag_key
+from testbed.etcd import EtcdCluster
+from testbed.kube import Kube
+from testbed.product import NAMESPACE, SAFE_ENV
+from testbed.product import PlacementProcess as PlacementService
+from testbed.stores import S3Store
 
 from fixtures.placement import BreakableEndpoint
 from fixtures.world import World

@@ -13,12 +13,12 @@ import pytest
 
 from o41.core.directories import FileEntry, dump_manifest
 from o41.core.ledger import parse_record
-from o41.testbed.locations import ORG
 from o41.webhook.http.store import STORE
 from o41.webhook.records import Version, manifest_key, version_key
 from o41.webhook.writes.records_backfill import DONE, backfill_records
 from test_directories import sdk
 from test_writes import Service, serve
+from testbed.locations import ORG
 
 
 @pytest.fixture

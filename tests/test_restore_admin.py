@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from o41.cli import main
-from o41.testbed.kube import Kube
+from testbed.kube import Kube
 
 pytestmark = pytest.mark.kube
 

@@ -1,5 +1,5 @@
 """Retention and the cleanup shown on the usage page, in-process (the embedded store, the
-real app, ``o41.testbed.standin_bucket``); against etcd and versitygw:
+real app, ``testbed.standin_bucket``); against etcd and versitygw:
 tests/test_retention_stores.py.
 
 The usage page shows what the sweeper counted (the uploads of expired writes: all of
@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 
 from o41.core.parts import PART_SIZE
-from o41.testbed.locations import ORG
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW, organization_source
 from o41.webhook.records import index_prefix, manifest_key, version_key
@@ -27,6 +26,7 @@ from o41.webhook.usage.counters import USAGE
 from test_directories import sdk
 from test_sweeper import MiB, begin_multipart, short_leases, until
 from test_writes import Service, serve
+from testbed.locations import ORG
 
 __all__ = ["short_leases"]
 

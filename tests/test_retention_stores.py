@@ -28,9 +28,6 @@ import pytest
 
 from o41.state.etcd import EtcdStore
 from o41.storage import BucketRef, open_bucket
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.locations import ORG, location
-from o41.testbed.stores import VersityStore
 from o41.webhook import retention as retention_module
 from o41.webhook.http.store import STORE
 from o41.webhook.http.view import VIEW, organization_source
@@ -41,6 +38,9 @@ from o41.webhook.writes import backfill as backfill_module
 from test_storage import offline as offline
 from test_sweeper import short_leases, until
 from test_writes import Service, serve, usage_of
+from testbed.etcd import EtcdCluster
+from testbed.locations import ORG, location
+from testbed.stores import VersityStore
 
 __all__ = ["offline", "short_leases"]
 

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from o41.storage import BucketRef, SignedRequest, bucket_name, open_bucket, sigv4
 from o41.storage.s3 import S3Bucket
-from o41.testbed.stores import (
+from testbed.stores import (
     S3_ACCESS_KEY,
     S3_SECRET_KEY,
     GcsStore,

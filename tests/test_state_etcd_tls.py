@@ -19,9 +19,9 @@ import pytest
 from o41.collections.client import Client, HttpTransport
 from o41.state import EtcdTls, StoreUnavailable, store_settings
 from o41.state.etcd import EtcdStore
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.pki import Authority
-from o41.testbed.product import SAFE_ENV, CollectionsProcess
+from testbed.etcd import EtcdCluster
+from testbed.pki import Authority
+from testbed.product import SAFE_ENV, CollectionsProcess
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

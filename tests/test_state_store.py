@@ -29,7 +29,7 @@ from o41.state import (
 )
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
-from o41.testbed.etcd import EtcdCluster
+from testbed.etcd import EtcdCluster
 
 T = TypeVar("T")
 

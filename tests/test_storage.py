@@ -38,8 +38,8 @@ from o41.storage import (
     owner_mark,
 )
 from o41.storage.base import scrub
-from o41.testbed.stores import S3_ACCESS_KEY, S3_SECRET_KEY, throwaway_service_account
 from test_signatures import check_gcs_v4_url, check_sigv4_url
+from testbed.stores import S3_ACCESS_KEY, S3_SECRET_KEY, throwaway_service_account
 
 NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens, nothing is sent
 S3_CREDS = {"accessKeyId": S3_ACCESS_KEY, "secretAccessKey": S3_SECRET_KEY}

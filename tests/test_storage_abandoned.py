@@ -18,9 +18,9 @@ import pytest
 from o41.storage import BucketRef, Kind, bucket_name, open_bucket
 from o41.storage.base import ABORT_RULE_ID
 from o41.storage.gcs import CUSTOM_TIME, GcsBucket, abort_rules
-from o41.testbed.stores import AzureStore, GcsStore, S3Store, VersityStore
 from test_storage import offline as offline
 from test_storage_stores import _azure, _gcs, _s3, upload_parts
+from testbed.stores import AzureStore, GcsStore, S3Store, VersityStore
 
 pytestmark = pytest.mark.stores
 

@@ -46,10 +46,10 @@ from o41.storage import (
 )
 from o41.storage.base import AZURE_OWNER_METADATA, CRC32_HEADER, S3_OWNER_TAG
 from o41.storage.gcs import MARKER_OBJECT
-from o41.testbed.process import free_port
-from o41.testbed.stores import AzureStore, GcsStore, S3Store, VersityStore
 from test_signatures import check_sigv4_url
 from test_storage import offline as offline
+from testbed.process import free_port
+from testbed.stores import AzureStore, GcsStore, S3Store, VersityStore
 
 pytestmark = pytest.mark.stores
 
@@ -860,9 +860,9 @@ def test_download_of_a_missing_key_is_false_and_writes_nothing(
 
 
 def test_standin_bucket_puts_gets_uploads_and_downloads(tmp_path: pathlib.Path) -> None:
-    """The in-process stand-in (o41.testbed.standin_bucket) the service's tests use:
+    """The in-process stand-in (testbed.standin_bucket) the service's tests use:
     no server needed for what the service writes and reads itself."""
-    from o41.testbed.standin_bucket import StandInBucket, Storage
+    from testbed.standin_bucket import StandInBucket, Storage
 
     storage = Storage()
     bucket = StandInBucket(BucketRef("s3", "o41-standin", "us-east-1"), storage)

@@ -24,10 +24,10 @@ from o41.client import reads, transfers
 from o41.client.artifacts import Artifacts
 from o41.core.parts import PART_SIZE
 from o41.core.places import Place
-from o41.testbed.kube import Kube
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import PlacementProcess
-from o41.testbed.stores import VersityStore
+from testbed.kube import Kube
+from testbed.process import LOOPBACK, free_port
+from testbed.product import PlacementProcess
+from testbed.stores import VersityStore
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores]
 

@@ -20,7 +20,7 @@ import pytest
 from azure.storage.blob import BlobSasPermissions, generate_blob_sas
 from botocore.exceptions import ClientError
 
-from o41.testbed.stores import (
+from testbed.stores import (
     AzureStore,
     GcsStore,
     S3Store,

@@ -1,7 +1,7 @@
 """No abandoned uploads, in the service: a multipart write whose pending lease expires has
 its upload aborted in the stand-in bucket; a committed one is left alone; two replicas
 sweep a write once. In-process, as tests/test_writes.py (the embedded store, the real app,
-``o41.testbed.standin_bucket``); the same against versitygw is in
+``testbed.standin_bucket``); the same against versitygw is in
 tests/test_sweeper_stores.py.
 """
 
@@ -20,11 +20,11 @@ import pytest
 from o41.core.parts import PART_SIZE
 from o41.state import Store, WatchEvent
 from o41.state.memory import MemoryStore
-from o41.testbed.locations import ORG
 from o41.webhook.writes import pending, sweeper
 from o41.webhook.writes.sweeper import SWEEPER
 from test_state_store import next_event
 from test_writes import Service, serve, usage_of
+from testbed.locations import ORG
 
 MiB = 2**20
 PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}

@@ -16,12 +16,12 @@ import pytest
 from o41.core.parts import PART_SIZE
 from o41.state.etcd import EtcdStore
 from o41.storage import BucketRef, bucket_name, open_bucket
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.locations import ORG
-from o41.testbed.stores import VersityStore
 from test_storage import offline as offline
 from test_sweeper import PLACE, MiB, prev_kv_events, short_leases, until
 from test_writes import serve
+from testbed.etcd import EtcdCluster
+from testbed.locations import ORG
+from testbed.stores import VersityStore
 
 __all__ = ["offline", "short_leases"]
 

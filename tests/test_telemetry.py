@@ -20,8 +20,8 @@ from o41.collections.engine import Engine
 from o41.operator import telemetry as operator_telemetry
 from o41.state import KeyValue, LeaseNotFound, StoreFull, StoreUnavailable
 from o41.state.memory import MemoryStore
-from o41.testbed.usage import ORG, bearer, seeded_app
 from o41.webhook.http import telemetry
+from testbed.usage import ORG, bearer, seeded_app
 
 Client = TestClient[web.Request, web.Application]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from o41.testbed.process import LOOPBACK, free_port
+from testbed.process import LOOPBACK, free_port
 
 
 def test_free_ports_are_bindable_distinct_and_never_ephemeral() -> None:

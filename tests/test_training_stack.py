@@ -40,7 +40,7 @@ import yaml
 
 from o41.artifacts import Client, NotFound
 from o41.core.places import Place
-from o41.testbed.stores import S3Store
+from testbed.stores import S3Store
 
 from fixtures.world import World
 

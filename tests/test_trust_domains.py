@@ -24,10 +24,10 @@ import pytest
 from joserfc import jws
 from joserfc.jwk import import_key
 
-from o41.testbed.kube import SELF, ControlPlane, Kube, bin_dir, kubectl_binary
-from o41.testbed.process import LOOPBACK, free_port
-from o41.testbed.product import NAMESPACE
 from o41.trust_record import TrustRecord, parse, record_name
+from testbed.kube import SELF, ControlPlane, Kube, bin_dir, kubectl_binary
+from testbed.process import LOOPBACK, free_port
+from testbed.product import NAMESPACE
 
 from fixtures.operator import Operator
 from support import wait_for

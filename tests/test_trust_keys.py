@@ -26,10 +26,10 @@ from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from o41.api import TrustDomainKeys, TrustDomainSpec
 from o41.core.addresses import parse_networks
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, free_port
 from o41.trust_keys import MAX_BODY, KeyFetchFailed
 from o41.trust_keys import fetch_keys as fetch_anywhere
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, free_port
 
 ALLOWED = parse_networks("127.0.0.0/8")  # the test bed's trustDomains.allowedNetworks
 
@@ -453,8 +453,8 @@ async def test_loopback_is_refused_unless_allowed(
 def test_this_clusters_issuer_is_given_else_the_pods_token_else_discovery(tmp_path: Path) -> None:
     """``o41.trust_keys.own_issuer``: how the operator and the service learn it (the API
     server's discovery against a real one: tests/test_attack_trust.py)."""
-    from o41.testbed.issuer import Issuer as TokenIssuer
     from o41.trust_keys import own_issuer
+    from testbed.issuer import Issuer as TokenIssuer
 
     token = tmp_path / "token"
     token.write_text(TokenIssuer("https://from.token.example").token("o41-system") + "\n")

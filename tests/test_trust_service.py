@@ -32,17 +32,17 @@ from o41.core.places import Place
 from o41.core.service_tokens import Issued, issuer_for
 from o41.service_tokens import new_signing_key, sign, signing_key
 from o41.state.memory import MemoryStore
-from o41.testbed.issuer import Issuer, rsa_key
-from o41.testbed.locations import ORG, Keys, location
-from o41.testbed.process import free_port
-from o41.testbed.standin_bucket import Storage
-from o41.testbed.usage import FakeReviewer
 from o41.trust_keys import issuer_of_token
 from o41.trust_record import TrustRecord
 from o41.webhook.app import Settings, make_app
 from o41.webhook.collections.websocket import REFUSED as SOCKET_REFUSED
 from o41.webhook.http.trusted import TrustDomainSource
 from o41.webhook.http.view import Cluster, View, Watcher, organization_source
+from testbed.issuer import Issuer, rsa_key
+from testbed.locations import ORG, Keys, location
+from testbed.process import free_port
+from testbed.standin_bucket import Storage
+from testbed.usage import FakeReviewer
 
 LOCAL = "token-team-a"  # the test reviewer's token of namespace team-a here
 UID = "uid-cluster-b"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from o41.testbed.usage import EMPTY_ORG, ORG, seeded_app
+from testbed.usage import EMPTY_ORG, ORG, seeded_app
 
 CHROMIUM = os.environ.get("O41_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

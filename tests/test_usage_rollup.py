@@ -12,10 +12,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from o41.state.memory import MemoryStore
-from o41.testbed.usage import EMPTY_ORG, ORG, bearer, history, seeded_app, stored
 from o41.webhook.http.store import STORE
 from o41.webhook.records import usage_prefix
 from o41.webhook.usage.counters import USAGE, Usage, day, hour, period_prefix, rollup_prefix
+from testbed.usage import EMPTY_ORG, ORG, bearer, history, seeded_app, stored
 
 Client = TestClient[web.Request, web.Application]
 DIMS: dict[str, str | None] = {

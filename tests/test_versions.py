@@ -20,8 +20,8 @@ from o41.core.places import Place
 from o41.core.versions import WINDOW, encode_cursor, index_suffix
 from o41.state import KeyValue
 from o41.state.memory import MemoryStore
-from o41.testbed.locations import ORG
 from test_writes import Service, serve
+from testbed.locations import ORG
 
 PLACE = {"cloud": "aws", "region": "us-east-1", "source": "env"}
 

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from o41 import __version__
-from o41.testbed.locations import ORG
 from test_retention import rules
 from test_writes import Service, serve
+from testbed.locations import ORG
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 """Begin, commit and read in-process: the real service app on the embedded store, the real
-client, and a stand-in bucket served over HTTP on 127.0.0.1 (``o41.testbed.standin_bucket``,
-its Locations from ``o41.testbed.locations``). No control plane, no etcd: ``make unit``
+client, and a stand-in bucket served over HTTP on 127.0.0.1 (``testbed.standin_bucket``,
+its Locations from ``testbed.locations``). No control plane, no etcd: ``make unit``
 runs these."""
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from o41.core.places import Place
 from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import MultipartUpload, ObjectStat, Part, Reason, StorageError
-from o41.testbed.locations import ORG, Keys, location
-from o41.testbed.standin_bucket import StandInBucket, Storage, Stored
-from o41.testbed.usage import FakeReviewer
 from o41.webhook.app import Settings, make_app
 from o41.webhook.http.view import Cluster, View, organization_source
+from testbed.locations import ORG, Keys, location
+from testbed.standin_bucket import StandInBucket, Storage, Stored
+from testbed.usage import FakeReviewer
 
 
 @dataclass

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from o41.testbed.kube import apply, kubectl
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, Server, free_port, port_open, wait_until
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
+import o41
+from testbed.kube import apply, kubectl
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, Server, free_port, port_open, wait_until
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 NAMESPACE = "o41-system"
 WEBHOOK_CONFIG = "o41-artifacts.o41.io"
-CRDS = Path(__file__).resolve().parents[3] / "crds"
+CRDS = Path(__file__).resolve().parents[1] / "crds"
 SAFE_ENV = {
     "AWS_EC2_METADATA_DISABLED": "true",  # never ask a real metadata address
     "NO_PROXY": "*",
@@ -45,7 +46,7 @@ def store_secrets(
 ) -> dict[str, str]:
     """The stand-ins' credentials as Secrets in the operator's namespace, in the keys a
     Location's credentials name; returns backend -> Secret name."""
-    from o41.testbed.examples import secrets
+    from testbed.examples import secrets
 
     kubectl(kubeconfig, "create", "namespace", NAMESPACE, check=False)
     made = secrets(s3, gcs, azure)
@@ -192,7 +193,7 @@ class CollectionsProcess(_Process):
         return f"http://{LOOPBACK}:{self.port}"
 
     def start(self) -> Self:
-        source = str(Path(__file__).resolve().parents[2])  # the o41 this process runs
+        source = str(Path(o41.__file__).resolve().parents[1])  # the o41 this process runs
         self.server = Server(
             "collections service",
             [

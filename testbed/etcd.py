@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from o41.state import EtcdTls
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, Server, free_port, wait_until
 
 
 def _healthy(client_url: str, context: ssl.SSLContext | None, timeout: float = 1.0) -> bool:

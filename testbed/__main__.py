@@ -1,4 +1,4 @@
-"""``python -m o41.testbed up|down|demo``: the local stack for people and scripts."""
+"""``python -m testbed up|down|demo``: the local stack for people and scripts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m o41.testbed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the stack in the background; write DIR/env")
     up.add_argument("--dir", type=Path, default=Path(".dev"))
@@ -25,14 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from o41.testbed.stack import Stack, StillRunning, stop_recorded
+    from testbed.stack import Stack, StillRunning, stop_recorded
 
     if args.command == "up":
         directory = args.dir.resolve()
         if (directory / "pids.json").exists():
             print(f"{directory} already has a running stack: `make dev-down` first")
             return 1
-        from o41.testbed.process import detach
+        from testbed.process import detach
 
         detach()
         stack = Stack(directory).start()
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"stopped {s}" for s in stopped) or "nothing was running")
         return 0
     if args.command == "node-clean":
-        from o41.testbed.node import NodeBusy, clean_dead_run
+        from testbed.node import NodeBusy, clean_dead_run
 
         try:
             left = clean_dead_run()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("\n".join(left) or "nothing left")
         return 1 if left else 0
-    from o41.testbed.demo import run
+    from testbed.demo import run
 
     return run()
 

@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from o41.testbed import examples
-from o41.testbed.kube import apply, kubectl, service_account_token
-from o41.testbed.stack import Stack
+from testbed import examples
+from testbed.kube import apply, kubectl, service_account_token
+from testbed.stack import Stack
 
 ORG = examples.ORGANIZATION
 TEAM = "team-a"

@@ -19,7 +19,7 @@ signed. Gateways run with an empty environment (no ``VGW_*`` setting can leak in
 127.0.0.1, in the router's process group (the stand-in's ``stop`` ends them all), and
 record their endpoints in ``gateways.json`` for the tests that want one region's own port.
 
-    python -m o41.testbed.s3router --port P --binary versitygw --workdir DIR
+    python -m testbed.s3router --port P --binary versitygw --workdir DIR
     (root keys in O41_S3_ACCESS_KEY / O41_S3_SECRET_KEY)
 """
 
@@ -43,8 +43,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from o41.testbed.process import LOOPBACK, free_port, port_open
-from o41.testbed.stores import ENV_ACCESS_KEY, ENV_SECRET_KEY, GATEWAYS_FILE
+from testbed.process import LOOPBACK, free_port, port_open
+from testbed.stores import ENV_ACCESS_KEY, ENV_SECRET_KEY, GATEWAYS_FILE
 
 MAX_REGIONS = 16  # more distinct regions than any test uses; beyond, the default answers
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
@@ -361,7 +361,7 @@ async def _relay(up: _Upstream, response: web.StreamResponse, length: int) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m o41.testbed.s3router", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m testbed.s3router", description=__doc__)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--binary", type=Path, required=True)
     p.add_argument("--workdir", type=Path, required=True)

@@ -1,7 +1,7 @@
 """Local stand-ins of the three clouds' object-store APIs, started on free loopback ports.
 
 - S3: versitygw (Apache-2.0, Go, built by hack/testbed-bin.sh) on a posix directory, behind
-  o41.testbed.s3router (one endpoint for every region). It checks SigV4, presigned URLs and
+  testbed.s3router (one endpoint for every region). It checks SigV4, presigned URLs and
   part checksums as S3 does. moto's server (``start_moto``) stays for the few things
   versitygw lacks (public access block, default encryption: see docs/storage.md); moto
   accepts any signature.
@@ -13,7 +13,7 @@
 Each ``start_*`` function returns a small dataclass with the endpoint and the credentials, and
 stops its process if it fails to come up. Call ``.stop()`` when you're done with it. Nothing
 here imports pytest, so the same code serves the fixtures in tests/fixtures/stores.py and
-``python -m o41.testbed.stores`` (the seed of ``make dev-up``). SDK imports are deferred to
+``python -m testbed.stores`` (the seed of ``make dev-up``). SDK imports are deferred to
 the ``client()`` helpers so that starting the servers stays cheap.
 """
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from o41.testbed.process import LOOPBACK, Server, cache_dir, free_port, wait_until
+from testbed.process import LOOPBACK, Server, cache_dir, free_port, wait_until
 
 if TYPE_CHECKING:
     from google.oauth2.service_account import Credentials as ServiceAccountCredentials
@@ -57,7 +57,7 @@ AZURITE_KEY = (
 S3_ACCESS_KEY = "O41TESTACCESSKEY"
 S3_SECRET_KEY = "o41-test-secret-key-not-a-real-one"  # noqa: S105 - a fake for moto, on purpose
 
-# How the S3 stand-in's router (o41.testbed.s3router) gets its root keys, and where it lists
+# How the S3 stand-in's router (testbed.s3router) gets its root keys, and where it lists
 # its regions' gateways. Here, so that this module imports no aiohttp.
 ENV_ACCESS_KEY = "O41_S3_ACCESS_KEY"
 ENV_SECRET_KEY = "O41_S3_SECRET_KEY"  # noqa: S105 - a variable name
@@ -216,7 +216,7 @@ def versitygw_binary() -> Path:
     O41_VERSITYGW_BIN overrides it."""
     if override := os.environ.get("O41_VERSITYGW_BIN"):
         return Path(override)
-    from o41.testbed.kube import REPO, bin_dir
+    from testbed.kube import REPO, bin_dir
 
     script = REPO / "hack" / "testbed-bin.sh"
     printed = subprocess.run([str(script), "--print"], check=True, capture_output=True, text=True)
@@ -231,7 +231,7 @@ def start_s3(
     timeout: float = 60.0,
     binary: Path | None = None,
 ) -> VersityStore:
-    """Start the S3 stand-in: versitygw on ``workdir``/data behind o41.testbed.s3router, on a
+    """Start the S3 stand-in: versitygw on ``workdir``/data behind testbed.s3router, on a
     free loopback port, with fresh root keys. ``region``'s gateway starts at once; others on
     the first request signed for them."""
     binary = binary or versitygw_binary()
@@ -243,7 +243,7 @@ def start_s3(
 
     def argv(port: int) -> list[str]:
         return [
-            sys.executable, "-m", "o41.testbed.s3router",
+            sys.executable, "-m", "testbed.s3router",
             "--port", str(port),
             "--binary", str(binary),
             "--workdir", str(workdir),
@@ -597,7 +597,7 @@ def _listens_on(server: Server, port: int) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the stand-ins, print endpoints, timings and env; stop them now or on a signal."""
-    p = argparse.ArgumentParser(prog="python -m o41.testbed.stores", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m testbed.stores", description=main.__doc__)
     p.add_argument("--workdir", type=Path, default=cache_dir() / "stores")
     p.add_argument("--only", default="s3,gcs,azure", help="comma-separated subset")
     p.add_argument("--hold", action="store_true", help="keep running until SIGINT/SIGTERM")

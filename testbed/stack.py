@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.kube import ControlPlane, bin_dir
-from o41.testbed.node import RealNode
-from o41.testbed.process import Server
-from o41.testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
+from testbed.etcd import EtcdCluster
+from testbed.kube import ControlPlane, bin_dir
+from testbed.node import RealNode
+from testbed.process import Server
+from testbed.stores import AzureStore, GcsStore, S3Store, start_azure, start_gcs, start_s3
 
 _PARTS = ("kube", "state-etcd", "s3", "gcs", "azure", "operator", "placement", "node")
 
@@ -57,7 +57,7 @@ class Stack:
     def start_real_node(self) -> Stack:
         """A real node (kubelet, containerd, kube-proxy, CoreDNS) beside the kwok nodes,
         with the project's images imported (built first if missing)."""
-        from o41.testbed import images
+        from testbed import images
 
         assert self.control_plane is not None
         built = images.build()
@@ -72,7 +72,7 @@ class Stack:
     def start_product(self) -> Stack:
         """CRDs, the stand-ins' credentials as Secrets, the operator and the placement
         service (state in the 3-member etcd), as the chart would install them."""
-        from o41.testbed.product import (
+        from testbed.product import (
             OperatorProcess,
             PlacementProcess,
             install_crds,
@@ -94,14 +94,14 @@ class Stack:
         self.extra.append(service.server)
         self.endpoint = service.url
         self._write_records()
-        from o41.testbed.examples import manifest
+        from testbed.examples import manifest
 
         self.examples.write_text(manifest(self.s3, self.gcs, self.azure))
         return self
 
     @property
     def examples(self) -> Path:
-        """Locations on the stand-ins, written by :meth:`start_product` (o41.testbed.examples)."""
+        """Locations on the stand-ins, written by :meth:`start_product` (testbed.examples)."""
         return self.directory / "examples.yaml"
 
     def servers(self) -> list[Server]:
@@ -183,7 +183,7 @@ def _clean_real_node() -> list[str]:
     """A real node's machine-wide changes (pods, bridge, iptables, mounts, cgroups) go once
     its processes are stopped; what could not be put back is said, not hidden. Another
     session's node, still running, is left alone."""
-    from o41.testbed import node
+    from testbed import node
 
     if not node.RECORD.exists():
         return []

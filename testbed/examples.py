@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from o41.testbed.stores import AzureStore, GcsStore, S3Store
+from testbed.stores import AzureStore, GcsStore, S3Store
 
 API = "artifacts.o41.io/v1alpha1"
 ORGANIZATION = "ml"

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from o41.api import GROUP
-from o41.testbed.etcd import EtcdCluster
-from o41.testbed.pki import Authority, service_account_key
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+from testbed.etcd import EtcdCluster
+from testbed.pki import Authority, service_account_key
+from testbed.process import LOOPBACK, Server, free_port, wait_until
 
 if TYPE_CHECKING:
     from kubernetes import client
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
 IN_CLUSTER_ISSUER = "https://kubernetes.default.svc.cluster.local"

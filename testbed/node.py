@@ -35,11 +35,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from o41.testbed import host
-from o41.testbed.images import Images, archive
-from o41.testbed.kube import ControlPlane, apply
-from o41.testbed.pki import Authority
-from o41.testbed.process import LOOPBACK, Server, free_port, wait_until
+from testbed import host
+from testbed.images import Images, archive
+from testbed.kube import ControlPlane, apply
+from testbed.pki import Authority
+from testbed.process import LOOPBACK, Server, free_port, wait_until
 
 NODE_NAME = "o41-real-node"
 BRIDGE = "o41-br0"
@@ -537,7 +537,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         """The Node and its volumes leave the API with the node (the control plane may
         outlive it)."""
         kubeconfig = self.control_plane.kubeconfig
-        from o41.testbed.kube import kubectl
+        from testbed.kube import kubectl
 
         kubectl(kubeconfig, "delete", "node", NODE_NAME, "--wait=false", check=False)
         kubectl(
@@ -676,7 +676,7 @@ def _claim(directory: Path) -> None:
             raise NodeBusy(
                 f"a real node of {record['directory']} runs on this machine (owner pid "
                 f"{record.get('owner')}): stop it first (make dev-down), or "
-                f"`python -m o41.testbed node-clean` if it is gone"
+                f"`python -m testbed node-clean` if it is gone"
             )
         left = cleanup()
         if left:

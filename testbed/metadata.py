@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 from urllib.parse import parse_qs, urlsplit
 
-from o41.testbed.process import LOOPBACK
+from testbed.process import LOOPBACK
 
 if TYPE_CHECKING:
     import pytest

@@ -13,9 +13,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from o41.testbed.process import cache_dir
+from testbed.process import cache_dir
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "hack" / "image.sh"
 
 
