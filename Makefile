@@ -86,7 +86,7 @@ dev-down:
 clean: dev-down
 	rm -rf .dev .venv-checkov .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache test-artifacts
 
-# Regenerate the CRDs from o41/api.py, and the chart's copies (tests fail on drift).
+# Regenerate the CRDs from o41/kube/api.py, and the chart's copies (tests fail on drift).
 crds: deps
-	$(BIN)/python -m o41.crd crds/
+	$(BIN)/python -m o41.kube.crd crds/
 	cp crds/*.yaml charts/o41-artifacts/crds/

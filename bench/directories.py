@@ -35,8 +35,8 @@ from aiohttp.test_utils import TestServer  # noqa: E402
 from o41.client.artifacts import Artifacts  # noqa: E402
 from o41.client.directories import PARALLEL_FILES, read_dir, write_dir  # noqa: E402
 from o41.core.places import Place  # noqa: E402
-from o41.location_record import LocationRecord  # noqa: E402
-from o41.locations import Location, read_location  # noqa: E402
+from o41.kube.location_record import LocationRecord  # noqa: E402
+from o41.kube.locations import Location, read_location  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
 from o41.webhook.http import auth  # noqa: E402

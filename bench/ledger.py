@@ -83,8 +83,8 @@ from aiohttp import web  # noqa: E402
 
 from o41.core.ledger import VersionRecord, version_fields  # noqa: E402
 from o41.core.versions import index_suffix  # noqa: E402
-from o41.location_record import LocationRecord  # noqa: E402
-from o41.locations import Location, read_location  # noqa: E402
+from o41.kube.location_record import LocationRecord  # noqa: E402
+from o41.kube.locations import Location, read_location  # noqa: E402
 from o41.state import Compare, Delete, Put  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.webhook.http import auth  # noqa: E402

@@ -55,7 +55,7 @@ import aetcd  # noqa: E402
 import grpc.aio  # type: ignore[import-untyped]  # noqa: E402
 from aetcd import rpc  # noqa: E402
 
-from o41.collections.client import Client, HttpTransport  # noqa: E402
+from o41.client.collections import Client, HttpTransport  # noqa: E402
 from o41.state import EtcdTls  # noqa: E402
 from o41.state.etcd import connection_settings  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
-from o41.collections.client import Client, HttpTransport  # noqa: E402
+from o41.client.collections import Client, HttpTransport  # noqa: E402
 from testbed.process import LOOPBACK, free_port, plain_websocket  # noqa: E402
 
 ANSWER = '{"id":null,"status":200,"result":{"found":true,"value":"TXZ2dg=="}}'

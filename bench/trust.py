@@ -8,7 +8,7 @@ clients for ``--seconds`` each, with:
    TokenReview and then the cache);
 2. ``remote pod token (cached)``: one projected token of cluster B (``ml/trainer``)
    signed by ``testbed.issuer.Issuer`` (RS256), verified offline, cached per token;
-3. ``service token (VM)``: one token made with ``o41.service_tokens.TokenAdmin`` against
+3. ``service token (VM)``: one token made with ``o41.kube.service_tokens.TokenAdmin`` against
    the control plane (ES256, its record a ConfigMap the service watches);
 4. ``ceiling: bare aiohttp JSON handler``: the same load on a handler that reads the body
    and answers JSON (bench/placement.py's);
@@ -61,8 +61,8 @@ sys.path[:0] = [str(ROOT / "src")]
 
 import aiohttp  # noqa: E402
 
-from o41.service_tokens import TokenAdmin  # noqa: E402
-from o41.trust_record import TrustRecord, record_name  # noqa: E402
+from o41.kube.service_tokens import TokenAdmin  # noqa: E402
+from o41.kube.trust_record import TrustRecord, record_name  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.issuer import Issuer  # noqa: E402
 from testbed.kube import (  # noqa: E402

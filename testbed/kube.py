@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from o41.api import GROUP
+from o41.kube.api import GROUP
 from testbed.etcd import EtcdCluster
 from testbed.pki import Authority, service_account_key
 from testbed.process import LOOPBACK, Server, free_port, wait_until

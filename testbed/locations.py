@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from o41.location_record import LocationRecord
-from o41.locations import Location, read_location
+from o41.kube.location_record import LocationRecord
+from o41.kube.locations import Location, read_location
 
 ORG = "ml"
 KEYS = {"accessKeyId": "id", "secretAccessKey": "secret"}

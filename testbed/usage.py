@@ -18,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from o41.location_record import LocationRecord
-from o41.locations import Location, read_location
+from o41.kube.location_record import LocationRecord
+from o41.kube.locations import Location, read_location
 from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.webhook.app import Settings, make_app

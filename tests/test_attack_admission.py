@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 import pytest
 from joserfc.jwk import RSAKey
 
-from o41.crd import ISSUER_IMMUTABLE
-from o41.location_record import COUNTS, LocationRecord, parse, record_name
-from o41.locations import read_location
+from o41.kube.crd import ISSUER_IMMUTABLE
+from o41.kube.location_record import COUNTS, LocationRecord, parse, record_name
+from o41.kube.locations import read_location
 from o41.webhook.http.view import View, organization_source
 from testbed.kube import Kube, kubectl_binary
 from testbed.process import free_port

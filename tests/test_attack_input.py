@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
+from o41.client.transport import LimitReached
 from o41.collections import values
-from o41.collections.transport import LimitReached
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from o41.webhook.collections import routes

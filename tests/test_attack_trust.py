@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from o41.core.trust import issuer_conflict, issuer_owners
-from o41.trust_record import issuer_claim
+from o41.kube.trust_record import issuer_claim
 from testbed.etcd import EtcdCluster
 from testbed.issuer import Issuer
 from testbed.kube import IN_CLUSTER_ISSUER, Kube, kubectl_binary

@@ -36,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from o41.collections.client import Client
-from o41.collections.transport import HttpTransport
+from o41.client.collections import Client
+from o41.client.transport import HttpTransport
 from o41.state import EtcdTls, StoreUnavailable, store_settings
 from o41.state.etcd import EtcdStore
 from test_chart import NAMESPACE, Doc, container, find, render

@@ -25,7 +25,7 @@ import pytest
 
 from linearizability import Operation, check_dict
 from o41 import sky
-from o41.collections.client import Client, Conflict, Consistency, Unavailable, ValueTooLarge
+from o41.client.collections import Client, Conflict, Consistency, Unavailable, ValueTooLarge
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from test_collections_support import ServiceThread

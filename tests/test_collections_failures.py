@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from o41.collections.client import Unavailable
+from o41.client.collections import Unavailable
 from o41.state.etcd import EtcdStore
 from test_collections_support import ServiceProcess, ServiceThread
 from testbed.etcd import EtcdCluster
@@ -38,7 +38,7 @@ def service(etcd_cluster: EtcdCluster) -> Iterator[ServiceThread]:
 
 HOLDER = """
 import sys
-from o41.collections.client import Client, HttpTransport
+from o41.client.collections import Client, HttpTransport
 lock = Client(HttpTransport(sys.argv[1], token="token-a"), "job-1").lock("leader", ttl=2)
 lock.acquire()
 print(lock.token, flush=True)

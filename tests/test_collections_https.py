@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from o41.collections.client import HttpTransport, Unavailable
+from o41.client.collections import HttpTransport, Unavailable
 from o41.state.memory import MemoryStore
 from test_collections_support import ServiceThread
 from testbed.pki import Authority

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from o41.collections.client import Client, HttpTransport
+from o41.client.collections import Client, HttpTransport
 from o41.collections.engine import Engine
 from o41.state import Store
 from o41.webhook.collections import routes

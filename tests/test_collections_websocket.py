@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
-from o41.collections import transport
-from o41.collections.client import (
+from o41.client import transport
+from o41.client.collections import (
     Client,
     HttpTransport,
     NotAllowed,

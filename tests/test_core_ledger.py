@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from o41.api import NAME_PATTERN
 from o41.core.directories import FileEntry
 from o41.core.ledger import (
     ARTIFACT_PATTERN,
@@ -42,6 +41,7 @@ from o41.core.ledger import (
     version_fields,
 )
 from o41.core.parts import crc32_b64
+from o41.kube.api import NAME_PATTERN
 from o41.webhook.http.scope import ARTIFACT_PATTERN as SERVICE_ARTIFACT_PATTERN
 from o41.webhook.records import Tag, Version
 

@@ -1,4 +1,4 @@
-"""The CRDs in crds/ are generated from o41.api, and the API server accepts them."""
+"""The CRDs in crds/ are generated from o41.kube.api, and the API server accepts them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from o41.crd import IMMUTABLE, ISSUER_IMMUTABLE, ONE_KEY_SOURCE, TRUST_DOMAIN_NAME_RULE, rendered
+from o41.kube.crd import (
+    IMMUTABLE,
+    ISSUER_IMMUTABLE,
+    ONE_KEY_SOURCE,
+    TRUST_DOMAIN_NAME_RULE,
+    rendered,
+)
 from testbed.kube import Kube, kubectl_binary
 
 from support import wait_for
@@ -22,7 +28,9 @@ CRDS = Path(__file__).resolve().parents[1] / "crds"
 def test_crds_are_generated_from_the_models() -> None:
     expected = rendered()
     on_disk = {p.name: p.read_text() for p in CRDS.glob("*.yaml")}
-    assert on_disk == expected, "crds/ drifted from o41/api.py: run `python -m o41.crd crds/`"
+    assert on_disk == expected, (
+        "crds/ drifted from o41/kube/api.py: run `python -m o41.kube.crd crds/`"
+    )
 
 
 def test_every_field_has_a_description_for_kubectl_explain() -> None:

@@ -425,8 +425,8 @@ async def test_a_file_version_is_not_a_directory(service: Service) -> None:
 async def test_a_retired_location_keeps_serving_its_directories(
     service: Service, tmp_path: Path
 ) -> None:
-    from o41.location_record import LocationRecord
-    from o41.locations import read_location
+    from o41.kube.location_record import LocationRecord
+    from o41.kube.locations import read_location
     from o41.webhook.http.view import VIEW
 
     files = checkpoint(tmp_path / "ckpt")

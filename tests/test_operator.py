@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from o41.location_record import LocationRecord
+from o41.kube.location_record import LocationRecord
 from o41.storage import bucket_name
 from testbed.kube import Kube
 from testbed.product import NAMESPACE

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from o41.location_record import LocationRecord
+from o41.kube.location_record import LocationRecord
 from o41.operator.buckets import RecordCreations
 from o41.operator.cluster import Cluster
 from o41.operator.records import Records

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from o41.location_record import LocationRecord, parse
+from o41.kube.location_record import LocationRecord, parse
 from o41.operator.buckets import already_set_up
 
 READY_SINCE = "2026-01-01T00:00:00Z"

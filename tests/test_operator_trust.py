@@ -7,11 +7,11 @@ import datetime as dt
 
 import pytest
 
-from o41.api import TrustDomainKeys, TrustDomainSpec
+from o41.kube.api import TrustDomainKeys, TrustDomainSpec
+from o41.kube.trust_keys import KeyFetchFailed
+from o41.kube.trust_record import TrustRecord
 from o41.operator import trust
 from o41.operator.trust import RETRY_FIRST, TrustDomains, failed, fetched
-from o41.trust_keys import KeyFetchFailed
-from o41.trust_record import TrustRecord
 
 ISSUER = "https://oidc.cluster-b.example"
 SPEC = TrustDomainSpec(issuer=ISSUER, stale_after=3600)

@@ -31,8 +31,8 @@ from aiohttp.test_utils import TestServer
 from cryptography import x509
 
 from o41.client.artifacts import Artifacts
+from o41.client.collections import Client, HttpTransport, Unavailable
 from o41.client.errors import ArtifactError, TransportError
-from o41.collections.client import Client, HttpTransport, Unavailable
 from o41.core.places import Place
 from o41.state.memory import MemoryStore
 from o41.webhook.app import Settings, make_app

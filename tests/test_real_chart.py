@@ -32,7 +32,7 @@ import yaml
 
 from o41.client.artifacts import ArtifactError, Artifacts
 from o41.core.places import Place
-from o41.location_record import record_name
+from o41.kube.location_record import record_name
 from test_chart import CHART, REPO, helm
 from test_real_node import finished, pod
 from testbed.kube import SELF, ControlPlane, bin_dir, kubectl, service_account_token

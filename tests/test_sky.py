@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from o41 import sky
-from o41.collections.client import Client, EmbeddedTransport, compute_from_environment
+from o41.client.collections import Client, EmbeddedTransport, compute_from_environment
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from o41.collections.client import Client, HttpTransport
+from o41.client.collections import Client, HttpTransport
 from o41.state import EtcdTls, StoreUnavailable, store_settings
 from o41.state.etcd import EtcdStore
 from testbed.etcd import EtcdCluster

@@ -24,7 +24,7 @@ import pytest
 from joserfc import jws
 from joserfc.jwk import import_key
 
-from o41.trust_record import TrustRecord, parse, record_name
+from o41.kube.trust_record import TrustRecord, parse, record_name
 from testbed.kube import SELF, ControlPlane, Kube, bin_dir, kubectl_binary
 from testbed.process import LOOPBACK, free_port
 from testbed.product import NAMESPACE

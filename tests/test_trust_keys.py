@@ -1,4 +1,4 @@
-"""Fetching a TrustDomain's keys (``o41.trust_keys``) from issuers served on loopback over
+"""Fetching a TrustDomain's keys (``o41.kube.trust_keys``) from issuers served on loopback over
 TLS by a throwaway CA: what is fetched, what is kept of it, and each failure's reason and
 message. No cluster: the second control plane's own discovery is tests/test_trust_domains.py.
 
@@ -24,10 +24,10 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.test_utils import TestServer
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 
-from o41.api import TrustDomainKeys, TrustDomainSpec
 from o41.core.addresses import parse_networks
-from o41.trust_keys import MAX_BODY, KeyFetchFailed
-from o41.trust_keys import fetch_keys as fetch_anywhere
+from o41.kube.api import TrustDomainKeys, TrustDomainSpec
+from o41.kube.trust_keys import MAX_BODY, KeyFetchFailed
+from o41.kube.trust_keys import fetch_keys as fetch_anywhere
 from testbed.pki import Authority
 from testbed.process import LOOPBACK, free_port
 
@@ -451,9 +451,9 @@ async def test_loopback_is_refused_unless_allowed(
 
 
 def test_this_clusters_issuer_is_given_else_the_pods_token_else_discovery(tmp_path: Path) -> None:
-    """``o41.trust_keys.own_issuer``: how the operator and the service learn it (the API
+    """``o41.kube.trust_keys.own_issuer``: how the operator and the service learn it (the API
     server's discovery against a real one: tests/test_attack_trust.py)."""
-    from o41.trust_keys import own_issuer
+    from o41.kube.trust_keys import own_issuer
     from testbed.issuer import Issuer as TokenIssuer
 
     token = tmp_path / "token"

@@ -24,16 +24,16 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from o41.api import TrustDomainSpec
 from o41.client.artifacts import Artifacts
 from o41.collections.keys import encode_key
 from o41.collections.wire import PROTOCOL
 from o41.core.places import Place
 from o41.core.service_tokens import Issued, issuer_for
-from o41.service_tokens import new_signing_key, sign, signing_key
+from o41.kube.api import TrustDomainSpec
+from o41.kube.service_tokens import new_signing_key, sign, signing_key
+from o41.kube.trust_keys import issuer_of_token
+from o41.kube.trust_record import TrustRecord
 from o41.state.memory import MemoryStore
-from o41.trust_keys import issuer_of_token
-from o41.trust_record import TrustRecord
 from o41.webhook.app import Settings, make_app
 from o41.webhook.collections.websocket import REFUSED as SOCKET_REFUSED
 from o41.webhook.http.trusted import TrustDomainSource

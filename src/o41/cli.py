@@ -315,7 +315,7 @@ def _token(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
     from o41.core.service_tokens import parse_ttl
-    from o41.service_tokens import TokenAdmin
+    from o41.kube.service_tokens import TokenAdmin
 
     try:
         ttl = parse_ttl(args.ttl) if args.action == "create" else 0

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from o41.api import API_VERSION, TrustDomainSpec
-from o41.trust_keys import api_get_json
+from o41.kube.api import API_VERSION, TrustDomainSpec
+from o41.kube.trust_keys import api_get_json
 
 DISCOVERY = "/.well-known/openid-configuration"
 JWKS = "/openid/v1/jwks"
@@ -133,7 +133,7 @@ def apply(obj: dict[str, Any], kubeconfig: str | None, context: str | None) -> s
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    from o41.api import GROUP, VERSION
+    from o41.kube.api import GROUP, VERSION
 
     try:
         api = config.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]

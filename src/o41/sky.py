@@ -16,7 +16,7 @@ collections are shared by the compute's pods and private to its namespace.
 
 In a pod, calls go to the placement service at ``$O41_ARTIFACTS_ENDPOINT`` with the pod's
 ServiceAccount token; the compute comes from ``$O41_COMPUTE`` or the pod's Job (see
-:func:`o41.collections.client.compute_from_environment`). Without
+:func:`o41.client.collections.compute_from_environment`). Without
 ``$O41_ARTIFACTS_ENDPOINT`` the collections are embedded in the process (same API and
 semantics, one replica): laptops, tests and demos. See docs/collections.md.
 """
@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
-from o41.collections.client import (
+from o41.client.collections import (
     Barrier,
     Client,
     CollectionError,

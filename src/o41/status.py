@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from o41.api import GROUP, VERSION
+from o41.kube.api import GROUP, VERSION
 
 #: Where the operator posts Events about Locations and Organizations (cluster-scoped).
 EVENTS_NAMESPACE = "default"

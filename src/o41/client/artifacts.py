@@ -41,6 +41,9 @@ from o41.client.errors import (
 )
 from o41.client.reads import NoRanges, RangeReader, download, into_memory, range_size, read_range
 from o41.client.retries import begin_elsewhere, kept_parts, other_file
+
+# the endpoint and token a pod's clients use, defined once (the collections' client too)
+from o41.client.tls import CaFileError, ca_file_of, service_context, untrusted
 from o41.client.transfers import (
     PartURLs,
     Source,
@@ -50,10 +53,7 @@ from o41.client.transfers import (
     upload,
     upload_parts,
 )
-
-# the endpoint and token a pod's clients use, defined once (the collections' client too)
-from o41.collections.tls import CaFileError, ca_file_of, service_context, untrusted
-from o41.collections.transport import ENV_ENDPOINT, ENV_TOKEN, ENV_TOKEN_FILE, SA_TOKEN
+from o41.client.transport import ENV_ENDPOINT, ENV_TOKEN, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, part_size_for
 from o41.core.places import Place
 

@@ -306,7 +306,7 @@ class _Exchange:
         left = self._left()
         if self.conn is None:
             if self.scheme == "https":
-                from o41.collections.tls import system_context
+                from o41.client.tls import system_context
 
                 self.conn = http.client.HTTPSConnection(
                     self.host, self.port, timeout=left, context=system_context()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from o41.client.errors import ArtifactError, Damaged, UploadFailed
-from o41.collections.tls import system_context
+from o41.client.tls import system_context
 from o41.core.parts import crc32_b64, part_count
 
 try:  # zlib-ng's CRC32 costs 0.015 CPU seconds a GiB, the standard library's 0.21
@@ -45,7 +45,7 @@ def connection(
     url: str, timeout: float, context: ssl.SSLContext | None = None
 ) -> tuple[http.client.HTTPConnection, str]:
     """A connection to ``url``'s host and the request target. ``https``: checked with
-    ``context`` (the placement service's, ``o41.collections.tls.service_context``), by
+    ``context`` (the placement service's, ``o41.client.tls.service_context``), by
     default the system's roots (the buckets' pre-signed URLs)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -10,8 +10,10 @@ Layers, each usable alone:
   placement service runs them (async, no HTTP), with :mod:`~o41.collections.combining`
   (strong operations that arrive together share a transaction) and
   :mod:`~o41.collections.replica` (the eventual copy and its buffered writes);
-- :mod:`o41.collections.client`: the synchronous objects ``o41.sky`` hands out, over a
-  :mod:`~o41.collections.transport`: HTTP, or an engine embedded in the process.
+- the synchronous objects ``o41.sky`` hands out are the client's
+  (:mod:`o41.client.collections`, over :mod:`o41.client.transport`: HTTP, or this engine
+  embedded in the process).
 
-This package imports nothing heavy: pods import it through ``o41.sky``.
+This package is the engine and what both sides share: pods import its keys and values
+through ``o41.sky``.
 """

@@ -34,7 +34,7 @@ import math
 import re
 from typing import Any
 
-from o41.jsonlimits import TooDeep, check_depth
+from o41.core.jsonlimits import TooDeep, check_depth
 
 MAX_KEY = 4096  # bytes of the encoded key (UTF-8)
 MAX_KEY_DEPTH = 10  # tuples and frozensets inside each other (the most 4096 bytes hold)

@@ -1,6 +1,6 @@
 """Where an issuer's keys may be fetched from: which hosts and addresses the operator and
 the placement service connect to for a TrustDomain. Plain functions of data: no DNS, no
-I/O. The fetch (``o41.trust_keys``) checks every URL it is about to ask (each redirect
+I/O. The fetch (``o41.kube.trust_keys``) checks every URL it is about to ask (each redirect
 hop) and every address a name resolves to, before connecting; admission checks the URL a
 TrustDomain gives.
 

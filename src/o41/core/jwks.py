@@ -1,6 +1,6 @@
 """Which entries of a JWKS (RFC 7517) can verify a workload token, judged by their members
 alone: plain functions of data, shared by admission (an inline JWKS) and the key fetch
-(``o41.trust_keys``, which also has each key parsed by joserfc).
+(``o41.kube.trust_keys``, which also has each key parsed by joserfc).
 
 A usable key is public, for signatures, and fits RS256 (kty RSA) or ES256 (kty EC, curve
 P-256), the only algorithms tokens are accepted with (``o41.core.trust.ALGORITHMS``); it

@@ -19,7 +19,7 @@ class LocationFacts:
     """What the rules need to know of one location: the core's one Location type.
 
     ``ready`` and ``unfinished`` come from the operator's record, never from status
-    (``o41.locations.read_location``)."""
+    (``o41.kube.locations.read_location``)."""
 
     name: str
     cloud: str

@@ -18,7 +18,6 @@ from typing import Any
 
 import kopf
 
-from o41.api import GROUP, VERSION
 from o41.core.admission import check_pick_change, check_retire_change, check_trust_domain
 from o41.core.organization import (
     Effective,
@@ -27,7 +26,8 @@ from o41.core.organization import (
     check_delete,
     check_organization_delete,
 )
-from o41.locations import read_location
+from o41.kube.api import GROUP, VERSION
+from o41.kube.locations import read_location
 from o41.operator import telemetry
 from o41.operator.index import (
     LocationsIndex,

@@ -12,8 +12,8 @@ from typing import Any
 
 import kopf
 
-from o41.location_record import LocationRecord
-from o41.locations import Location, condition, read_location
+from o41.kube.location_record import LocationRecord
+from o41.kube.locations import Location, condition, read_location
 from o41.operator import events, telemetry
 from o41.operator.cluster import SecretMissing
 from o41.operator.model import now, with_condition

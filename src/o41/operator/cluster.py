@@ -13,8 +13,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from o41.api import GROUP, VERSION
-from o41.trust_keys import own_issuer
+from o41.kube.api import GROUP, VERSION
+from o41.kube.trust_keys import own_issuer
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -48,7 +48,7 @@ class Cluster:
         return client.ApiClient()
 
     def own_issuer(self, given: str | None) -> tuple[str | None, str]:
-        """This cluster's issuer, and where it was learnt (``o41.trust_keys.own_issuer``:
+        """This cluster's issuer, and where it was learnt (``o41.kube.trust_keys.own_issuer``:
         given, this pod's token, else the API server's discovery, asked with our
         credentials)."""
         return own_issuer(given, self._api)

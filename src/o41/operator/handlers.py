@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from o41.api import GROUP, VERSION
+from o41.kube.api import GROUP, VERSION
 from o41.operator import buckets, events, organizations, telemetry, trust, versions
 from o41.operator.cluster import Cluster, operator_namespace
 from o41.operator.index import LocationsIndex, OrganizationsIndex, TrustDomainsIndex

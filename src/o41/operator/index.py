@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 import kopf
 from pydantic import ValidationError
 
-from o41.api import GROUP, VERSION
 from o41.core.organization import LocationFacts
 from o41.core.trust import IssuerClaim
-from o41.locations import Location, read_location
+from o41.kube.api import GROUP, VERSION
+from o41.kube.locations import Location, read_location
+from o41.kube.trust_record import issuer_claim
 from o41.operator.model import OrganizationEntry, organization_entry
 from o41.operator.records import Records
-from o41.trust_record import issuer_claim
 
 T = TypeVar("T")
 

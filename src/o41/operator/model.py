@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from o41.core.organization import Effective, LocationFacts, Picks
-from o41.locations import Location
+from o41.kube.locations import Location
 
 Body = Mapping[str, Any]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from o41.core.organization import Effective, effective
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.operator import events
 from o41.operator.index import LocationsIndex, OrganizationsIndex, locations_of, one
 from o41.operator.model import OrganizationEntry, in_order, organization_status, role

@@ -1,4 +1,4 @@
-"""The operator's records of its Locations (``o41.location_record``), kept in ConfigMaps
+"""The operator's records of its Locations (``o41.kube.location_record``), kept in ConfigMaps
 of its namespace and cached here.
 
 The operator is their only writer (RBAC: only its ServiceAccount may write ConfigMaps in
@@ -13,8 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from o41.location_record import SELECTOR, LocationRecord, parse, record_name
-from o41.locations import condition
+from o41.kube.location_record import SELECTOR, LocationRecord, parse, record_name
+from o41.kube.locations import condition
 from o41.operator.cluster import Cluster
 from o41.operator.model import now
 

@@ -1,6 +1,6 @@
-"""A TrustDomain's keys: fetched (``o41.trust_keys``) when it is created, changed or
+"""A TrustDomain's keys: fetched (``o41.kube.trust_keys``) when it is created, changed or
 resumed, then every ``spec.refreshInterval``; the last good ones kept in the operator's
-record (``o41.trust_record``, a ConfigMap of its namespace), which is what the placement
+record (``o41.kube.trust_record``, a ConfigMap of its namespace), which is what the placement
 service trusts. One fetch for all the service's replicas. Status (Ready, the kids, when)
 only shows what happened: no key is ever taken from it.
 
@@ -28,16 +28,16 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from o41.api import TrustDomainSpec
 from o41.core.addresses import Network
 from o41.core.admission import own_issuer_named
 from o41.core.trust import IssuerClaim, issuer_conflict
-from o41.locations import condition
+from o41.kube.api import TrustDomainSpec
+from o41.kube.locations import condition
+from o41.kube.trust_keys import KeyFetchFailed, fetch_keys
+from o41.kube.trust_record import TrustRecord, issuer_claim, parse, record_name
 from o41.operator import events
 from o41.operator.cluster import Cluster
 from o41.operator.model import with_condition
-from o41.trust_keys import KeyFetchFailed, fetch_keys
-from o41.trust_record import TrustRecord, issuer_claim, parse, record_name
 
 
 def _override(raw: str | None) -> float | None:
@@ -111,7 +111,7 @@ class TrustDomains:
 @dataclass(frozen=True)
 class Given:
     """What the operator was told: this cluster's issuer (``--own-issuer``; None: learnt
-    at start, ``o41.trust_keys.own_issuer``) and the networks beyond the public ones keys
+    at start, ``o41.kube.trust_keys.own_issuer``) and the networks beyond the public ones keys
     may be fetched from (``--trust-allowed-networks``)."""
 
     own_issuer: str | None = None

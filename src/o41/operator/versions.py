@@ -1,7 +1,7 @@
 """Each Location's ``status.versions``, copied from the placement service's counts.
 
 The placement service counts commits and writes the totals to one ConfigMap in the
-release namespace (``o41.location_record.COUNTS``, the only ConfigMap it may write); the
+release namespace (``o41.kube.location_record.COUNTS``, the only ConfigMap it may write); the
 operator, which alone writes Location status, copies them into ``status.versions``. One
 writer per status field, and the placement service needs no write on Location status.
 The count is for people (``kubectl get locations -o wide``): no rule decides from it.
@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from o41.location_record import COUNTS
+from o41.kube.location_record import COUNTS
 from o41.operator.cluster import Cluster
 
 INTERVAL = float(os.environ.get("O41_COUNTS_INTERVAL", "5"))

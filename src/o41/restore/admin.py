@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from o41.locations import Location, read_location
+from o41.kube.locations import Location, read_location
 from o41.state.snapshot import (
     PREFIX,
     Snapshot,

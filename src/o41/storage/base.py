@@ -104,7 +104,7 @@ class BucketRef:
     """Everything needed to talk to one location's bucket.
 
     ``credentials`` is the decoded Secret data (keys per backend as documented on
-    ``o41.api.SecretRef``); ``None`` means the process's ambient identity. It is kept out of
+    ``o41.kube.api.SecretRef``); ``None`` means the process's ambient identity. It is kept out of
     ``repr`` so a logged ref never leaks a key.
     """
 

@@ -17,9 +17,9 @@ from aiohttp import web
 
 from o41 import __version__
 from o41.core.service_tokens import issuer_for
-from o41.service_tokens import SECRET as TOKEN_SECRET
+from o41.kube.service_tokens import SECRET as TOKEN_SECRET
+from o41.kube.trust_keys import own_issuer
 from o41.state import Store, open_store
-from o41.trust_keys import own_issuer
 from o41.webhook.backups import backing_up
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.collections import routes as collections

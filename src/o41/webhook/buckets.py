@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from o41.api import LocationSpec
 from o41.core.directories import object_key
 from o41.core.writes import signs_locally
-from o41.locations import Location
+from o41.kube.api import LocationSpec
+from o41.kube.locations import Location
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
 from o41.webhook.http import telemetry
 from o41.webhook.http.errors import LocationFailed

@@ -33,7 +33,7 @@ from o41.core.ledger import (
     micros,
     parse_manifest,
 )
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.webhook.buckets import OpenBucket, bucket_for
 from o41.webhook.http.errors import LocationFailed, problem
 from o41.webhook.http.store import STORE

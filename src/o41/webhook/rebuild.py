@@ -57,7 +57,7 @@ from o41.core.ledger import (
     version_fields,
 )
 from o41.core.versions import index_suffix
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.state import Compare, Delete, Put, Store
 from o41.webhook.buckets import PARALLEL_CHECKS, bucket_for
 from o41.webhook.http.errors import LocationFailed

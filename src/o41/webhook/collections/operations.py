@@ -14,7 +14,7 @@ from aiohttp import web
 
 from o41.collections.checks import BadRequest, Full, Unavailable
 from o41.collections.engine import Engine
-from o41.jsonlimits import TooDeep, check_depth
+from o41.core.jsonlimits import TooDeep, check_depth
 from o41.state import StoreFull, StoreUnavailable
 from o41.webhook.collections.quota import FREEING, Quota, cost, sent
 from o41.webhook.collections.service import COLLECTIONS

@@ -22,7 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from o41.collections import wire
 from o41.collections.checks import BadRequest, CollectionError
 from o41.collections.engine import Engine
-from o41.jsonlimits import TooDeep, check_depth
+from o41.core.jsonlimits import TooDeep, check_depth
 from o41.webhook.collections.operations import engine_of, perform
 from o41.webhook.collections.quota import LimitReached, Quota
 from o41.webhook.collections.service import COLLECTIONS as COLLECTIONS  # its tests read it here

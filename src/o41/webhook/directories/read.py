@@ -10,7 +10,7 @@ from aiohttp import web
 
 from o41.core.directories import FileEntry, check_path, find, object_key
 from o41.core.places import Place, locality
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem

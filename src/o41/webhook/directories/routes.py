@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from o41.core.directories import MAX_FILES
-from o41.jsonlimits import MAX_CONTAINERS
+from o41.core.jsonlimits import MAX_CONTAINERS
 from o41.webhook.directories import read, write
 from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
 from o41.webhook.http.auth import caller

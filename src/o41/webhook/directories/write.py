@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field
 
-from o41.api import NAME_PATTERN
 from o41.core.directories import (
     MAX_FILE_SIZE,
     MAX_FILES,
@@ -27,6 +26,7 @@ from o41.core.directories import (
 )
 from o41.core.versions import MAX_METADATA_BYTES, MAX_METADATA_KEYS, check_metadata, check_tag
 from o41.core.writes import CommitRefused, Declared, Held, check_commit
+from o41.kube.api import NAME_PATTERN
 from o41.storage import ObjectStat
 from o41.webhook.buckets import PARALLEL_CHECKS, UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
 from o41.webhook.http.auth import Caller

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from o41.jsonlimits import MAX_CONTAINERS, TooDeep, check_depth
+from o41.core.jsonlimits import MAX_CONTAINERS, TooDeep, check_depth
 from o41.webhook.http.errors import problem
 
 

@@ -39,7 +39,7 @@ class Settings:
     backup_keep: int = 14
     backup_dir: str | None = None  # None: the system's temporary directory
     # this cluster's service account issuer, which no TrustDomain may name (None: learnt at
-    # start, o41.trust_keys.own_issuer); the networks beyond the public ones an issuer's
+    # start, o41.kube.trust_keys.own_issuer); the networks beyond the public ones an issuer's
     # keys may be fetched from (the chart's trustDomains.allowedNetworks)
     own_issuer: str | None = None
     trust_allowed: tuple[Network, ...] = ()

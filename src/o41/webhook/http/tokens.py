@@ -25,6 +25,7 @@ from joserfc import jws
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, RSAKey, import_key
 
+from o41.core.jsonlimits import TooDeep, check_depth
 from o41.core.trust import (
     BadSignature,
     KeyRefetch,
@@ -38,7 +39,6 @@ from o41.core.trust import (
     check_header,
     shown,
 )
-from o41.jsonlimits import TooDeep, check_depth
 
 log = logging.getLogger("o41.webhook.tokens")
 MAX_TOKEN = 16 * 1024  # bytes: a projected token is about 1 KiB; refuse before decoding more

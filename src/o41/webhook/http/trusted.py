@@ -2,7 +2,7 @@
 
 A TrustDomain's spec (a platform admin's: cluster-scoped) gives the policy: issuer,
 audiences, leeway, the stale limit. Its keys come from the operator's record of them (a
-ConfigMap only the operator may write, ``o41.trust_record``), used only when the record
+ConfigMap only the operator may write, ``o41.kube.trust_record``), used only when the record
 is bound to that TrustDomain's uid and issuer; its status is never read. A TrustDomain
 whose issuer is this cluster's own is ignored: this cluster's tokens keep going to the
 TokenReview, which sees revocation.
@@ -22,10 +22,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from o41.api import TrustDomainSpec
 from o41.core.addresses import Network
 from o41.core.trust import IssuerClaim, TrustPolicy, issuer_owners
-from o41.trust_record import TrustRecord
+from o41.kube.api import TrustDomainSpec
+from o41.kube.trust_record import TrustRecord
 from o41.webhook.http.tokens import TokenVerifier
 
 log = logging.getLogger("o41.webhook.trusted")
@@ -143,7 +143,7 @@ class TrustedDomains:
     async def fetch(self, policy: TrustPolicy) -> Mapping[str, Any]:
         """An unknown kid's one refetch (at most a minute apart per issuer), straight
         from the issuer as the operator fetches: a rotation need not wait for its timer."""
-        from o41.trust_keys import fetch_keys
+        from o41.kube.trust_keys import fetch_keys
 
         source = self.sources.get(policy.trust_domain)
         if source is None:

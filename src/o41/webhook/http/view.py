@@ -5,7 +5,7 @@ thread (the kubernetes client is synchronous) and hands whole objects to the eve
 
 Nothing here decides from a field users can write. Whether a location takes writes comes
 from the operator's record of it (a ConfigMap in the operator's namespace that only the
-operator may write, ``o41.location_record``), never from its status; an organization's
+operator may write, ``o41.kube.location_record``), never from its status; an organization's
 fallback and cloud defaults are computed here with the organization rules from the specs
 and these locations (its status is only a hint of what is in force, and the rules keep a
 hint only when it names an eligible location of that same organization).
@@ -23,17 +23,17 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from o41.api import GROUP, VERSION
 from o41.core.organization import Effective, Picks, effective
 from o41.core.retention import Rule, rules_of
-from o41.location_record import PREFIX, SELECTOR, LocationRecord, parse
-from o41.locations import Location, read_location
-from o41.service_tokens import PREFIX as TOKEN_PREFIX
-from o41.service_tokens import SELECTOR as TOKEN_SELECTOR
-from o41.service_tokens import parse_record as parse_token_record
-from o41.trust_record import PREFIX as TRUST_PREFIX
-from o41.trust_record import SELECTOR as TRUST_SELECTOR
-from o41.trust_record import parse as parse_trust_record
+from o41.kube.api import GROUP, VERSION
+from o41.kube.location_record import PREFIX, SELECTOR, LocationRecord, parse
+from o41.kube.locations import Location, read_location
+from o41.kube.service_tokens import PREFIX as TOKEN_PREFIX
+from o41.kube.service_tokens import SELECTOR as TOKEN_SELECTOR
+from o41.kube.service_tokens import parse_record as parse_token_record
+from o41.kube.trust_record import PREFIX as TRUST_PREFIX
+from o41.kube.trust_record import SELECTOR as TRUST_SELECTOR
+from o41.kube.trust_record import parse as parse_trust_record
 from o41.webhook.http.service_tokens import ServiceTokens
 from o41.webhook.http.trusted import TrustedDomains, trust_domain_source
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook.http import metrics
 from o41.webhook.records import PREFIX

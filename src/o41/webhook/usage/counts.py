@@ -2,7 +2,7 @@
 
 Commits count in memory; every few seconds each replica adds its counts to the totals in
 the state store (compare-and-swap) and writes the fresh totals to one ConfigMap in the
-release namespace (``o41.location_record.COUNTS``), the only object the service may write
+release namespace (``o41.kube.location_record.COUNTS``), the only object the service may write
 in Kubernetes; the operator copies them into each Location's ``status.versions``. The
 service has no write on Location status at all. Totals only grow, so a replica never
 lowers one another replica wrote (compare-and-swap on the ConfigMap's resourceVersion).
@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from o41.location_record import COUNTS as CONFIGMAP
+from o41.kube.location_record import COUNTS as CONFIGMAP
 from o41.state import Compare, Put, Store, StoreUnavailable
 from o41.webhook.records import PREFIX
 

@@ -15,7 +15,7 @@ from o41.core.placement import Placement, place_write
 from o41.core.places import Place
 from o41.core.versions import check_metadata, check_tag
 from o41.core.writes import UploadPlan, upload_plan
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.webhook.buckets import UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.scope import organization_for

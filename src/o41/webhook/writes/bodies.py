@@ -7,11 +7,11 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import Field, ValidationError
 
-from o41.api import NAME_PATTERN
 from o41.core.parts import MAX_PARTS
 from o41.core.places import Place
 from o41.core.versions import MAX_METADATA_BYTES, MAX_METADATA_KEYS
 from o41.core.writes import normal_place
+from o41.kube.api import NAME_PATTERN
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.errors import problem
 from o41.webhook.http.scope import ARTIFACT_PATTERN

@@ -24,7 +24,7 @@ from o41.core.writes import (
     check_parts,
     etags_problem,
 )
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook.buckets import OpenBucket, bucket_for
 from o41.webhook.http.auth import Caller

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from o41.core.places import Place, locality
-from o41.locations import Location
+from o41.kube.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
 from o41.webhook.http.auth import Caller
 from o41.webhook.http.errors import problem

@@ -1,6 +1,6 @@
 """The synchronous collection objects ``o41.sky`` hands out.
 
-They reach the service through a transport (:mod:`o41.collections.transport`). Keys are
+They reach the service through a transport (:mod:`o41.client.transport`). Keys are
 encoded and values serialized here, on the client; the service only sees canonical key
 texts and opaque bytes.
 """
@@ -19,9 +19,7 @@ from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, Mutab
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
-from o41.collections import values
-from o41.collections.keys import check_name, decode_key, encode_key
-from o41.collections.transport import (
+from o41.client.transport import (
     ENV_ENDPOINT,
     MAX_WAIT,
     CollectionError,
@@ -34,6 +32,8 @@ from o41.collections.transport import (
     Unavailable,
     ValueTooLarge,
 )
+from o41.collections import values
+from o41.collections.keys import check_name, decode_key, encode_key
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ replicas) and keeps the last good ones in a ConfigMap of its namespace, which on
 write; the service verifies tokens with those. A TrustDomain's status is user-writable,
 so it only shows what happened (Ready, the kids): no key is ever taken from it. Shared
 here so that ``o41.operator`` (writes it) and ``o41.webhook`` (reads it) never import each
-other, as ``o41.location_record``.
+other, as ``o41.kube.location_record``.
 
 The record is bound to the TrustDomain's uid (named after it, carrying it, owned by it)
 and carries the issuer it was fetched for: the service uses it only for a TrustDomain of
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from o41.api import API_VERSION
 from o41.core.trust import IssuerClaim
-from o41.location_record import KIND_LABEL
+from o41.kube.api import API_VERSION
+from o41.kube.location_record import KIND_LABEL
 
 PREFIX = "o41-trust-"
 KIND = "trust-domain"

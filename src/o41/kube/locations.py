@@ -1,8 +1,8 @@
 """A Location object as both the operator and the placement service read it.
 
-The one reader of a Location: its spec parsed by the CRD's own model (``o41.api``), its
+The one reader of a Location: its spec parsed by the CRD's own model (``o41.kube.api``), its
 identity, and the core's facts with what the operator's record says. Ready, unfinished and
-ever-Ready come from that record (``o41.location_record``), never from status, which users
+ever-Ready come from that record (``o41.kube.location_record``), never from status, which users
 with RBAC on ``locations/status`` can write. Shared here so that ``o41.operator`` and
 ``o41.webhook`` never import each other.
 """
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from o41.api import LocationSpec
 from o41.core.organization import LocationFacts
-from o41.location_record import LocationRecord
+from o41.kube.api import LocationSpec
+from o41.kube.location_record import LocationRecord
 from o41.storage import BucketRef, Kind, bucket_name
 
 # the CRD model's backend field -> the storage kind

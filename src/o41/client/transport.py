@@ -24,8 +24,8 @@ import time
 import urllib.parse
 from typing import Any, Protocol
 
+from o41.client.tls import CaFileError, ca_file_of, service_context, untrusted
 from o41.collections import values, wire
-from o41.collections.tls import CaFileError, ca_file_of, service_context, untrusted
 
 _log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class _Connection:
     def __init__(
         self, host: str, port: int, context: ssl.SSLContext | None, timeout: float
     ) -> None:
-        """``context``: TLS with it (``o41.collections.tls.service_context``); None: plain."""
+        """``context``: TLS with it (``o41.client.tls.service_context``); None: plain."""
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if context is not None:

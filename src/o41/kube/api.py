@@ -2,7 +2,7 @@
 
 ``Location`` and ``Organization`` are cluster-scoped, like cert-manager's ClusterIssuer:
 a bucket is cluster-wide infrastructure, and an Organization says which namespaces may use
-it. ``python -m o41.crd`` writes the CRD YAML from these models; a test fails when the
+it. ``python -m o41.kube.crd`` writes the CRD YAML from these models; a test fails when the
 files in ``crds/`` drift from them.
 """
 

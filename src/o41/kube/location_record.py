@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from o41.api import API_VERSION
+from o41.kube.api import API_VERSION
 
 PREFIX = "o41-location-"
 KIND_LABEL = "artifacts.o41.io/record"

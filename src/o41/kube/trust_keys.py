@@ -1,6 +1,6 @@
 """A TrustDomain's public keys (its issuer's JWKS), fetched: by OIDC discovery, from a JWKS
 URL, or parsed from the inline JWKS. The operator calls it on its timer and writes what it
-got to its record (``o41.trust_record``); the placement service calls it for an unknown
+got to its record (``o41.kube.trust_record``); the placement service calls it for an unknown
 kid's one refetch. Shared, so it imports neither of them.
 
 What is trusted is narrow on purpose: TLS verified with the TrustDomain's CA bundle (or
@@ -39,7 +39,6 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, RSAKey, import_key
 
-from o41.api import TrustDomainSpec
 from o41.core.addresses import (
     AddressNotAllowed,
     Network,
@@ -47,8 +46,9 @@ from o41.core.addresses import (
     check_url,
     refused_message,
 )
+from o41.core.jsonlimits import TooDeep, check_depth
 from o41.core.jwks import NotAJwks, as_jwks, parse_jwks, private_key_ids, signing_keys
-from o41.jsonlimits import TooDeep, check_depth
+from o41.kube.api import TrustDomainSpec
 
 MAX_BODY = 1024 * 1024  # bytes: a JWKS of a few keys is a few KiB
 MAX_REDIRECTS = 3

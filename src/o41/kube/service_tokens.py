@@ -25,7 +25,7 @@ from o41.core.service_tokens import (
     claims_for,
     issuer_for,
 )
-from o41.location_record import KIND_LABEL
+from o41.kube.location_record import KIND_LABEL
 
 SECRET = "o41-service-tokens"  # noqa: S105 - a Secret's name
 KEY_FIELD = "signing-key.pem"
@@ -120,7 +120,7 @@ class TokenAdmin:
 
     def create(self, organization: str, subject: str, ttl: int) -> tuple[str, Issued]:
         """A new token (returned once, never stored) and its record."""
-        from o41.api import GROUP, VERSION
+        from o41.kube.api import GROUP, VERSION
 
         check_subject(subject)
         self._objects.get_cluster_custom_object(GROUP, VERSION, "organizations", organization)
