@@ -59,10 +59,10 @@ from o41.state import Compare, Delete, Put, StoreUnavailable  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.webhook import app as service_app  # noqa: E402
 from o41.webhook.buckets import OpenBucket  # noqa: E402
+from o41.webhook.cluster.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.collections.quota import Limits  # noqa: E402
 from o41.webhook.collections.service import Options  # noqa: E402
 from o41.webhook.collections.standalone import make_app  # noqa: E402
-from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.ledger import put_manifest, record_of  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
     ArtifactRecord,
@@ -177,7 +177,7 @@ def artifact(i: int) -> str:
 
 
 def artifact_named(phase: str, i: int, artifacts: int) -> str:
-    """An artifact's name as the service takes it today (no ``/``; o41.webhook.http.scope),
+    """An artifact's name as the service takes it today (no ``/``; o41.webhook.cluster.scope),
     as long as :func:`artifact`'s, one of ``artifacts`` of a ``phase`` (a letter): each
     kind of version measured has artifacts of its own, so that moving their artifact
     records (and tags) drops nothing of another kind's from the database."""

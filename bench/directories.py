@@ -39,8 +39,8 @@ from o41.kube.location_record import LocationRecord  # noqa: E402
 from o41.kube.locations import Location, read_location  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
-from o41.webhook.http import auth  # noqa: E402
-from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.cluster.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.identity import auth  # noqa: E402
 from testbed.stores import start_s3  # noqa: E402
 
 ORG, BUCKET = "ml", "bench-directories"

@@ -87,8 +87,8 @@ from o41.kube.location_record import LocationRecord  # noqa: E402
 from o41.kube.locations import Location, read_location  # noqa: E402
 from o41.state import Compare, Delete, Put  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
-from o41.webhook.http import auth  # noqa: E402
-from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.cluster.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.identity import auth  # noqa: E402
 from o41.webhook.ledger import record_of  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
     PREFIX,
@@ -583,8 +583,8 @@ class Rebuild:
         self, store: EtcdStore, gateway: str, keys: Mapping[str, str], records: list[VersionRecord]
     ) -> None:
         from o41.webhook.buckets import BUCKETS, Buckets
+        from o41.webhook.cluster.view import SECRETS, VIEW
         from o41.webhook.http.store import STORE
-        from o41.webhook.http.view import SECRETS, VIEW
 
         self.store, self.records = store, records
         self.s3 = boto(gateway, keys, pool=PARALLEL)

@@ -39,7 +39,7 @@ from o41.state import Delete, Put, Store  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.storage import BucketRef, open_bucket  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
-from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.cluster.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import (  # noqa: E402
     ArtifactRecord,
     artifact_key,

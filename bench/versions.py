@@ -36,7 +36,7 @@ from o41.state import Put, Store  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from o41.state.memory import MemoryStore  # noqa: E402
 from o41.webhook.app import Settings, make_app  # noqa: E402
-from o41.webhook.http.view import Cluster, View, organization_source  # noqa: E402
+from o41.webhook.cluster.view import Cluster, View, organization_source  # noqa: E402
 from o41.webhook.records import ArtifactRecord, artifact_key, index_prefix  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.kube import bin_dir  # noqa: E402

@@ -23,9 +23,9 @@ from o41.kube.locations import Location, read_location
 from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.webhook.app import Settings, make_app
-from o41.webhook.http import auth
+from o41.webhook.cluster.view import Cluster, OrganizationView, View
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import Cluster, OrganizationView, View
+from o41.webhook.identity import auth
 from o41.webhook.usage.counters import hour, period_prefix
 
 ORG = "ml"

@@ -25,7 +25,7 @@ from joserfc.jwk import RSAKey
 from o41.kube.crd import ISSUER_IMMUTABLE
 from o41.kube.location_record import COUNTS, LocationRecord, parse, record_name
 from o41.kube.locations import read_location
-from o41.webhook.http.view import View, organization_source
+from o41.webhook.cluster.view import View, organization_source
 from testbed.kube import Kube, kubectl_binary
 from testbed.process import free_port
 from testbed.product import NAMESPACE

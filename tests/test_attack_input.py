@@ -25,7 +25,7 @@ from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
 from o41.webhook.collections import routes
 from o41.webhook.collections.quota import Limits
-from o41.webhook.http import auth
+from o41.webhook.identity import auth
 from test_collections_support import ServiceThread
 from test_collections_websocket import exchange, op
 from testbed.etcd import EtcdCluster

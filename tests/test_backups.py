@@ -22,11 +22,11 @@ from prometheus_client import generate_latest
 from o41.state import Put, open_store
 from o41.state.etcd import EtcdStore
 from o41.state.snapshot import PREFIX, Snapshot, newest_first, parse_key, snapshot_key
+from o41.webhook import telemetry
 from o41.webhook.app import Settings, make_app
 from o41.webhook.backups import LAST_KEY, Backups
-from o41.webhook.http import telemetry
+from o41.webhook.cluster.view import Cluster, View, organization_source
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import Cluster, View, organization_source
 from testbed.etcd import EtcdCluster
 from testbed.kube import bin_dir
 from testbed.locations import ORG, Keys, location

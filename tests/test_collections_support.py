@@ -20,8 +20,9 @@ from o41.client.collections import Client, HttpTransport
 from o41.collections.engine import Engine
 from o41.state import Store
 from o41.webhook.collections import routes
-from o41.webhook.http import auth, errors
+from o41.webhook.http import errors
 from o41.webhook.http.store import STORE
+from o41.webhook.identity import auth
 from testbed.process import LOOPBACK, free_port
 from testbed.product import CollectionsProcess
 

@@ -42,7 +42,7 @@ from o41.core.ledger import (
 )
 from o41.core.parts import crc32_b64
 from o41.kube.api import NAME_PATTERN
-from o41.webhook.http.scope import ARTIFACT_PATTERN as SERVICE_ARTIFACT_PATTERN
+from o41.webhook.cluster.scope import ARTIFACT_PATTERN as SERVICE_ARTIFACT_PATTERN
 from o41.webhook.records import Tag, Version
 
 T0 = 1_750_000_000_000_000  # microseconds: June 2025

@@ -427,7 +427,7 @@ async def test_a_retired_location_keeps_serving_its_directories(
 ) -> None:
     from o41.kube.location_record import LocationRecord
     from o41.kube.locations import read_location
-    from o41.webhook.http.view import VIEW
+    from o41.webhook.cluster.view import VIEW
 
     files = checkpoint(tmp_path / "ckpt")
     west = Client(service.url, str(service.token), place=Place("aws", "us-west-2", "env"))

@@ -36,8 +36,8 @@ from o41.client.errors import ArtifactError, TransportError
 from o41.core.places import Place
 from o41.state.memory import MemoryStore
 from o41.webhook.app import Settings, make_app
+from o41.webhook.cluster.view import Cluster, View, organization_source
 from o41.webhook.http.tls import Reloading, ServingTls
-from o41.webhook.http.view import Cluster, View, organization_source
 from testbed.locations import ORG, Keys, location
 from testbed.pki import Authority, CertPair
 from testbed.process import LOOPBACK, free_port

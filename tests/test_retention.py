@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 from o41.core.parts import PART_SIZE
+from o41.webhook.cluster.view import VIEW, organization_source
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW, organization_source
 from o41.webhook.records import index_prefix, manifest_key, version_key
 from o41.webhook.retention import RETENTION
 from o41.webhook.usage.counters import USAGE

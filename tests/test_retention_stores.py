@@ -29,8 +29,8 @@ import pytest
 from o41.state.etcd import EtcdStore
 from o41.storage import BucketRef, open_bucket
 from o41.webhook import retention as retention_module
+from o41.webhook.cluster.view import VIEW, organization_source
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW, organization_source
 from o41.webhook.records import Version, index_prefix, version_key
 from o41.webhook.retention import RETENTION
 from o41.webhook.usage.counters import USAGE

@@ -20,7 +20,7 @@ from o41.collections.engine import Engine
 from o41.operator import telemetry as operator_telemetry
 from o41.state import KeyValue, LeaseNotFound, StoreFull, StoreUnavailable
 from o41.state.memory import MemoryStore
-from o41.webhook.http import telemetry
+from o41.webhook import telemetry
 from testbed.usage import ORG, bearer, seeded_app
 
 Client = TestClient[web.Request, web.Application]
@@ -188,7 +188,7 @@ def test_plain_families_read_as_prometheus_reads_them() -> None:
     with ``_sum`` and ``_count``; a family with no child yet still has its name."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from o41.webhook.http.families import Families
+    from o41.webhook.telemetry.families import Families
 
     families, registry = Families(), CollectorRegistry()
     registry.register(families)

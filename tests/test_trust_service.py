@@ -35,9 +35,9 @@ from o41.kube.trust_keys import issuer_of_token
 from o41.kube.trust_record import TrustRecord
 from o41.state.memory import MemoryStore
 from o41.webhook.app import Settings, make_app
+from o41.webhook.cluster.view import Cluster, View, Watcher, organization_source
 from o41.webhook.collections.websocket import REFUSED as SOCKET_REFUSED
-from o41.webhook.http.trusted import TrustDomainSource
-from o41.webhook.http.view import Cluster, View, Watcher, organization_source
+from o41.webhook.identity.trusted import TrustDomainSource
 from testbed.issuer import Issuer, rsa_key
 from testbed.locations import ORG, Keys, location
 from testbed.process import free_port

@@ -1,5 +1,5 @@
 """Tokens of other issuers (issue 31, point 6 at the library level): the pure rules of
-``o41.core.trust`` and the offline verifier ``o41.webhook.http.tokens``, with real RSA and
+``o41.core.trust`` and the offline verifier ``o41.webhook.identity.tokens``, with real RSA and
 EC keys and real signatures. No cluster: the issuer is a JWKS in memory, time is injected."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from o41.core.trust import (
     WrongAudience,
     check_claims,
 )
-from o41.webhook.http.tokens import TokenVerifier
+from o41.webhook.identity.tokens import TokenVerifier
 
 NOW = 1_900_000_000
 ISSUER = "https://oidc.cluster-b.example"

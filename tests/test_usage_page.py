@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from o41.core.usage import PriceError
-from o41.webhook.http import metrics
+from o41.webhook.telemetry import metrics
 from o41.webhook.usage.counters import USAGE
 from o41.webhook.usage.prices import DEFAULT_PRICES, PRICES_ENV, load_prices
 from testbed.usage import EAST, EMPTY_ORG, GB, ORG, TB, bearer, hours_ago, seeded_app, write

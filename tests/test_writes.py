@@ -30,7 +30,7 @@ from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import MultipartUpload, ObjectStat, Part, Reason, StorageError
 from o41.webhook.app import Settings, make_app
-from o41.webhook.http.view import Cluster, View, organization_source
+from o41.webhook.cluster.view import Cluster, View, organization_source
 from testbed.locations import ORG, Keys, location
 from testbed.standin_bucket import StandInBucket, Storage, Stored
 from testbed.usage import FakeReviewer

@@ -1,7 +1,7 @@
 """The rules for a workload token signed by another issuer (another cluster's API server),
 as plain functions of data: which header and claims are accepted, who the token names,
 and when the issuer's keys may be fetched again. No I/O and no clock: ``now`` is a
-parameter. The service verifies the signature (``o41.webhook.http.tokens``) and calls these.
+parameter. The service verifies the signature (``o41.webhook.identity.tokens``) and calls these.
 
 Every refusal is a :class:`TokenRefused` whose ``reason`` is a CamelCase code and whose
 message names the trust domain, the claim and the fix, and never holds the token.

@@ -20,16 +20,19 @@ from o41.core.service_tokens import issuer_for
 from o41.kube.service_tokens import SECRET as TOKEN_SECRET
 from o41.kube.trust_keys import own_issuer
 from o41.state import Store, open_store
+from o41.webhook import telemetry
 from o41.webhook.backups import backing_up
 from o41.webhook.buckets import BUCKETS, Buckets, Opener
+from o41.webhook.cluster.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.collections import routes as collections
 from o41.webhook.directories import routes as directories_routes
-from o41.webhook.http import auth, errors, metrics, request_ids, telemetry
+from o41.webhook.http import errors, request_ids
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
+from o41.webhook.identity import auth
 from o41.webhook.ledger import MANIFESTS, Manifests
 from o41.webhook.retention import retaining
+from o41.webhook.telemetry import metrics
 from o41.webhook.usage import page as usage_page
 from o41.webhook.usage.counters import USAGE, Usage
 from o41.webhook.usage.counts import COUNTS, VersionCounts

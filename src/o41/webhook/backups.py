@@ -45,12 +45,12 @@ from o41.state.snapshot import (
     snapshot_key,
     take,
 )
+from o41.webhook import telemetry
 from o41.webhook.buckets import OpenBucket, bucket_for
-from o41.webhook.http import telemetry
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.settings import SETTINGS
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from o41.core.writes import signs_locally
 from o41.kube.api import LocationSpec
 from o41.kube.locations import Location
 from o41.storage import Bucket, BucketRef, SignedRequest, StorageError, open_bucket
-from o41.webhook.http import telemetry
+from o41.webhook import telemetry
+from o41.webhook.cluster.view import SECRETS
 from o41.webhook.http.errors import LocationFailed
-from o41.webhook.http.view import SECRETS
 
 UPLOAD_EXPIRES = 3600
 DOWNLOAD_EXPIRES = 900

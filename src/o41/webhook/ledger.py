@@ -35,9 +35,9 @@ from o41.core.ledger import (
 )
 from o41.kube.locations import Location
 from o41.webhook.buckets import OpenBucket, bucket_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed, problem
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 from o41.webhook.records import Version
 from o41.webhook.records import manifest_key as etcd_manifest_key
 

@@ -60,9 +60,9 @@ from o41.core.versions import index_suffix
 from o41.kube.locations import Location
 from o41.state import Compare, Delete, Put, Store
 from o41.webhook.buckets import PARALLEL_CHECKS, bucket_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 from o41.webhook.records import (
     PREFIX,
     ArtifactRecord,

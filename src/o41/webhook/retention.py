@@ -53,10 +53,10 @@ from o41.core.ledger import manifest_key as manifest_object_key
 from o41.core.retention import Row, choose, keep_for
 from o41.state import Compare, Delete, KeyValue, LeaseNotFound, Put, StoreUnavailable
 from o41.webhook.buckets import bucket_for, delete_files
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.settings import SETTINGS
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 from o41.webhook.ledger import write_entry
 from o41.webhook.records import (
     ArtifactRecord,

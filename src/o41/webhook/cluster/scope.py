@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.view import VIEW, OrganizationView
 from o41.webhook.http.errors import problem
-from o41.webhook.http.view import VIEW, OrganizationView
+from o41.webhook.identity.auth import Caller
 
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 

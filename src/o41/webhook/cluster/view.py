@@ -34,8 +34,8 @@ from o41.kube.service_tokens import parse_record as parse_token_record
 from o41.kube.trust_record import PREFIX as TRUST_PREFIX
 from o41.kube.trust_record import SELECTOR as TRUST_SELECTOR
 from o41.kube.trust_record import parse as parse_trust_record
-from o41.webhook.http.service_tokens import ServiceTokens
-from o41.webhook.http.trusted import TrustedDomains, trust_domain_source
+from o41.webhook.identity.service_tokens import ServiceTokens
+from o41.webhook.identity.trusted import TrustedDomains, trust_domain_source
 
 log = logging.getLogger("o41.webhook.view")  # its name is a log field: kept
 

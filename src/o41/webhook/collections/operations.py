@@ -16,10 +16,11 @@ from o41.collections.checks import BadRequest, Full, Unavailable
 from o41.collections.engine import Engine
 from o41.core.jsonlimits import TooDeep, check_depth
 from o41.state import StoreFull, StoreUnavailable
+from o41.webhook import telemetry
 from o41.webhook.collections.quota import FREEING, Quota, cost, sent
 from o41.webhook.collections.service import COLLECTIONS
-from o41.webhook.http import auth, telemetry
 from o41.webhook.http.errors import problem
+from o41.webhook.identity import auth
 
 ROUTE = "/v1/collections/{compute}/{kind}/{name}/{op}"
 USAGE_ROUTE = "/v1/collections/usage"

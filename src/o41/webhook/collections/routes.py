@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from o41.collections.engine import Engine
+from o41.webhook import telemetry
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.collections import websocket
 from o41.webhook.collections.operations import ROUTE, USAGE_ROUTE, handle, usage
 from o41.webhook.collections.quota import Quota
 from o41.webhook.collections.service import COLLECTIONS, Collections, Options
-from o41.webhook.http import telemetry
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 
 __all__ = ["COLLECTIONS", "Options", "setup"]
 

@@ -12,11 +12,13 @@ from aiohttp import web
 
 from o41.state import EtcdTls, open_store, store_settings
 from o41.webhook import collections as package
+from o41.webhook import telemetry
 from o41.webhook.collections.quota import Limits
 from o41.webhook.collections.routes import setup
 from o41.webhook.collections.service import Options
-from o41.webhook.http import auth, errors, telemetry
+from o41.webhook.http import errors
 from o41.webhook.http.store import STORE
+from o41.webhook.identity import auth
 
 
 def make_app(

@@ -23,12 +23,13 @@ from o41.collections import wire
 from o41.collections.checks import BadRequest, CollectionError
 from o41.collections.engine import Engine
 from o41.core.jsonlimits import TooDeep, check_depth
+from o41.webhook import telemetry
 from o41.webhook.collections.operations import engine_of, perform
 from o41.webhook.collections.quota import LimitReached, Quota
 from o41.webhook.collections.service import COLLECTIONS as COLLECTIONS  # its tests read it here
 from o41.webhook.collections.service import RECONNECT, Collections
-from o41.webhook.http import auth, telemetry
 from o41.webhook.http.errors import problem
+from o41.webhook.identity import auth
 
 log = logging.getLogger("o41.webhook.collections")  # its name is a log field: kept
 

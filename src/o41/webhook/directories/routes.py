@@ -8,9 +8,9 @@ from o41.core.directories import MAX_FILES
 from o41.core.jsonlimits import MAX_CONTAINERS
 from o41.webhook.directories import read, write
 from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
-from o41.webhook.http.auth import caller
 from o41.webhook.http.bodies import parse
 from o41.webhook.http.errors import problem
+from o41.webhook.identity.auth import caller
 from o41.webhook.writes.bodies import reader_place
 
 routes = web.RouteTableDef()

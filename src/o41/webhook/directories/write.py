@@ -29,10 +29,10 @@ from o41.core.writes import CommitRefused, Declared, Held, check_commit
 from o41.kube.api import NAME_PATTERN
 from o41.storage import ObjectStat
 from o41.webhook.buckets import PARALLEL_CHECKS, UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import ARTIFACT_PATTERN
 from o41.webhook.http.bodies import Model
-from o41.webhook.http.scope import ARTIFACT_PATTERN
 from o41.webhook.http.store import STORE
+from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import put_manifest
 from o41.webhook.records import new_version
 from o41.webhook.writes.begin import count_begin, place_new

@@ -2,7 +2,7 @@
 
 A token of this cluster is checked with a TokenReview (it sees revocation); a token of
 another cluster's issuer (a TrustDomain) is verified offline against that issuer's keys
-(``o41.webhook.http.tokens``). The tenant a request acts as, (trust domain, namespace),
+(``o41.webhook.identity.tokens``). The tenant a request acts as, (trust domain, namespace),
 comes from the token, never from the request: that is what keeps a pod out of another
 tenant's organizations and collections. Results are cached briefly (a pod makes many
 calls; a TokenReview is an API round trip).
@@ -23,9 +23,9 @@ from aiohttp import web
 from o41.core.service_tokens import DOMAIN as SERVICE_DOMAIN
 from o41.core.service_tokens import tenant_of
 from o41.core.trust import KeysUnavailable, TokenRefused
-from o41.webhook.http import telemetry
+from o41.webhook import telemetry
 from o41.webhook.http.errors import problem
-from o41.webhook.http.tokens import TokenVerifier
+from o41.webhook.identity.tokens import TokenVerifier
 
 log = logging.getLogger("o41.webhook.auth")  # its name is a log field: kept
 RETRY_AFTER = 5  # seconds: what a caller is told to wait when its token cannot be checked
@@ -153,7 +153,7 @@ class NoAuthentication:
 
 
 class Verifier(Protocol):
-    """Another cluster's tokens (``o41.webhook.http.tokens.TokenVerifier``)."""
+    """Another cluster's tokens (``o41.webhook.identity.tokens.TokenVerifier``)."""
 
     def issues(self, token: str) -> bool: ...
 

@@ -18,7 +18,7 @@ from joserfc.jwk import ECKey
 from o41.core.service_tokens import ALGORITHM, DOMAIN, FIX, Issued, check_claims, check_record
 from o41.core.trust import BadSignature, KeysUnavailable, Malformed
 from o41.kube.service_tokens import KEY_FIELD, SECRET, kid_of, signing_key
-from o41.webhook.http.tokens import MAX_TOKEN, TokenVerifier, decode_segment
+from o41.webhook.identity.tokens import MAX_TOKEN, TokenVerifier, decode_segment
 
 log = logging.getLogger("o41.webhook.service_tokens")
 KEY_TTL = 60.0  # seconds: a new key in the Secret serves within a minute

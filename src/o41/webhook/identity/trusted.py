@@ -26,7 +26,7 @@ from o41.core.addresses import Network
 from o41.core.trust import IssuerClaim, TrustPolicy, issuer_owners
 from o41.kube.api import TrustDomainSpec
 from o41.kube.trust_record import TrustRecord
-from o41.webhook.http.tokens import TokenVerifier
+from o41.webhook.identity.tokens import TokenVerifier
 
 log = logging.getLogger("o41.webhook.trusted")
 

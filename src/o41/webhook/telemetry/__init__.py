@@ -1,5 +1,5 @@
 """The placement service's own metrics, beside the usage counters of
-``o41.webhook.http.metrics``, in the same registry (one ``GET /metrics``), by Prometheus's
+``o41.webhook.telemetry.metrics``, in the same registry (one ``GET /metrics``), by Prometheus's
 conventions: base units, ``_total`` counters, ``_seconds`` histograms, and labels whose
 values are bounded.
 
@@ -56,8 +56,8 @@ from o41.state import (
     TxnResult,
     WatchEvent,
 )
-from o41.webhook.http.families import Families
-from o41.webhook.http.metrics import METRICS
+from o41.webhook.telemetry.families import Families
+from o41.webhook.telemetry.metrics import METRICS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -76,7 +76,9 @@ OTHER = "other"
 
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_collector)
-FAMILIES = Families()  # plain numbers, changed on the event loop only (o41.webhook.http.families)
+FAMILIES = (
+    Families()
+)  # plain numbers, changed on the event loop only (o41.webhook.telemetry.families)
 REGISTRY.register(FAMILIES)
 
 REQUESTS = FAMILIES.counter(

@@ -5,7 +5,7 @@ validates its arguments on every call. Measured on the collections' hot path (an
 embedded-store ``get`` through ``perform``), that came to tens of microseconds an
 operation, more than the operation itself. These are plain numbers, so they may be
 changed only from one thread: the service's event loop, where every caller of
-``o41.webhook.http.telemetry`` runs. Prometheus sees the same families at scrape time
+``o41.webhook.telemetry`` runs. Prometheus sees the same families at scrape time
 (``_total`` counters, cumulative ``le`` buckets, ``_sum`` and ``_count``).
 """
 

@@ -34,8 +34,8 @@ from aiohttp import web
 
 from o41.kube.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
-from o41.webhook.http import metrics
 from o41.webhook.records import PREFIX
+from o41.webhook.telemetry import metrics
 from o41.webhook.usage.cache import ClosedPeriods, OpenRecords
 
 log = logging.getLogger("o41.webhook.usage")  # its name is a log field: kept

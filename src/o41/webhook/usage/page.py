@@ -37,11 +37,12 @@ from o41.core.usage import (
 )
 from o41.core.writes import writable_places
 from o41.state import Store, StoreUnavailable
-from o41.webhook.http import auth, errors
+from o41.webhook.cluster.scope import organization_for
+from o41.webhook.cluster.view import VIEW, OrganizationView
+from o41.webhook.http import errors
 from o41.webhook.http.errors import problem
-from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW, OrganizationView
+from o41.webhook.identity import auth
 from o41.webhook.usage.cache import OpenRecords, closed
 from o41.webhook.usage.counters import USAGE, Granularity, flushed, hour, periods
 from o41.webhook.usage.html import error_page, organizations, render, sign_in

@@ -18,9 +18,9 @@ from o41.core.versions import (
     window_end,
 )
 from o41.state import KeyValue
-from o41.webhook.http.auth import Caller
-from o41.webhook.http.scope import organization_for
+from o41.webhook.cluster.scope import organization_for
 from o41.webhook.http.store import STORE
+from o41.webhook.identity.auth import Caller
 from o41.webhook.records import ArtifactRecord as ArtifactRow
 from o41.webhook.records import Version as VersionRecord
 from o41.webhook.records import artifact_key, artifacts_prefix, index_prefix

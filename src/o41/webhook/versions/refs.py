@@ -10,10 +10,10 @@ from typing import Any
 from aiohttp import web
 
 from o41.core.versions import VersionRefused, ref_kind
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import ARTIFACT_PATTERN, organization_for
 from o41.webhook.http.errors import problem
-from o41.webhook.http.scope import ARTIFACT_PATTERN, organization_for
 from o41.webhook.http.store import STORE
+from o41.webhook.identity.auth import Caller
 from o41.webhook.records import ArtifactRecord as ArtifactRow
 from o41.webhook.records import Tag, artifact_key, deleted_key, tag_key, version_key
 from o41.webhook.records import Version as VersionRecord

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from o41.webhook.http.auth import caller
 from o41.webhook.http.bodies import parse
 from o41.webhook.http.errors import problem
+from o41.webhook.identity.auth import caller
 from o41.webhook.versions import listing, refs
 from o41.webhook.versions import tags as tagging
 from o41.webhook.versions.tags import TagIn

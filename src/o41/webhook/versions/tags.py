@@ -15,11 +15,11 @@ from pydantic import Field
 from o41.core.ledger import TagMove, micros
 from o41.core.versions import VersionRefused, check_tag, ref_kind
 from o41.state import Compare, Delete, Put
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import organization_for
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.errors import LocationFailed, problem
-from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
+from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import write_entry
 from o41.webhook.records import Tag, tag_key, tags_prefix, version_key
 from o41.webhook.records import Version as VersionRecord

@@ -17,9 +17,9 @@ from o41.core.versions import check_metadata, check_tag
 from o41.core.writes import UploadPlan, upload_plan
 from o41.kube.locations import Location
 from o41.webhook.buckets import UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
-from o41.webhook.http.auth import Caller
-from o41.webhook.http.scope import organization_for
-from o41.webhook.http.view import VIEW
+from o41.webhook.cluster.scope import organization_for
+from o41.webhook.cluster.view import VIEW
+from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Pending, new_version
 from o41.webhook.usage.counters import USAGE
 from o41.webhook.writes.bodies import BeginIn, PlaceIn

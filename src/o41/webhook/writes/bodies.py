@@ -12,9 +12,9 @@ from o41.core.places import Place
 from o41.core.versions import MAX_METADATA_BYTES, MAX_METADATA_KEYS
 from o41.core.writes import normal_place
 from o41.kube.api import NAME_PATTERN
+from o41.webhook.cluster.scope import ARTIFACT_PATTERN
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.errors import problem
-from o41.webhook.http.scope import ARTIFACT_PATTERN
 
 MAX_SIZE = 5 * 1024**4  # 5 TiB, S3's object limit
 

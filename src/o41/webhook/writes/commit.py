@@ -27,11 +27,11 @@ from o41.core.writes import (
 from o41.kube.locations import Location
 from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
 from o41.webhook.buckets import OpenBucket, bucket_for
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import organization_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed, problem
-from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
+from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import put_record
 from o41.webhook.records import (
     ArtifactRecord,

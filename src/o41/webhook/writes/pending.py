@@ -14,11 +14,11 @@ from aiohttp import web
 from o41.core.writes import WriteRefused
 from o41.state import LeaseNotFound, Store, StoreUnavailable
 from o41.webhook.buckets import UPLOAD_EXPIRES, bucket_for, signed
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import organization_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import problem
-from o41.webhook.http.scope import organization_for
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
+from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Pending, pending_key
 from o41.webhook.writes.batching import BATCHER
 from o41.webhook.writes.bodies import PartsIn

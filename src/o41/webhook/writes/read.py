@@ -10,10 +10,10 @@ from aiohttp import web
 from o41.core.places import Place, locality
 from o41.kube.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
-from o41.webhook.http.auth import Caller
+from o41.webhook.cluster.scope import organization_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import problem
-from o41.webhook.http.scope import organization_for
-from o41.webhook.http.view import VIEW
+from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Version
 from o41.webhook.usage.counters import USAGE, location_dims
 from o41.webhook.versions.refs import resolve

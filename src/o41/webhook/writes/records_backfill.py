@@ -31,9 +31,9 @@ from o41.core.directories import load_manifest
 from o41.core.ledger import LedgerRefused, record_key
 from o41.state import Compare, Delete, KeyValue, Put, StoreUnavailable
 from o41.webhook.buckets import bucket_for
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 from o41.webhook.ledger import put_manifest, put_record
 from o41.webhook.records import PREFIX, Version, manifest_key
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from o41.webhook.http.auth import caller
 from o41.webhook.http.bodies import parse
+from o41.webhook.identity.auth import caller
 from o41.webhook.writes import begin as beginning
 from o41.webhook.writes import commit as committing
 from o41.webhook.writes import pending

@@ -49,9 +49,9 @@ from aiohttp import web
 
 from o41.state import Compare, KeyValue, LeaseNotFound, Put, StoreUnavailable
 from o41.webhook.buckets import bucket_for, delete_files
+from o41.webhook.cluster.view import VIEW
 from o41.webhook.http.errors import LocationFailed
 from o41.webhook.http.store import STORE
-from o41.webhook.http.view import VIEW
 from o41.webhook.records import PREFIX, Pending, version_key
 from o41.webhook.usage.counters import USAGE, location_dims
 from o41.webhook.writes import pending as pending_writes  # its PENDING_TTL: read at each sweep
