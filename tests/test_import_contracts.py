@@ -1,6 +1,7 @@
 """The import-linter contracts of pyproject.toml (run by `make lint`) cover every top-level
-module of o41, every module of the client and every module and package of the placement
-service: a new one is placed in a layer, and kept out of the core, by decision."""
+module of o41, every module of the client and of the commands, and every module and package
+of the placement service: a new one is placed in a layer, and kept out of the core, by
+decision."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import o41
+import o41.cli
 import o41.client
 import o41.webhook
 
@@ -43,6 +45,10 @@ def test_every_top_level_module_is_in_a_layer() -> None:
 
 def test_every_module_of_the_client_is_in_a_layer_of_the_client() -> None:
     assert layered("o41.client") == {m.name for m in pkgutil.iter_modules(o41.client.__path__)}
+
+
+def test_every_module_of_the_commands_is_in_a_layer_of_them() -> None:
+    assert layered("o41.cli") == {m.name for m in pkgutil.iter_modules(o41.cli.__path__)}
 
 
 def test_every_module_of_the_placement_service_is_in_a_layer_of_it() -> None:

@@ -7,20 +7,20 @@ without credentials (managed clusters do, at a public URL; a self-managed API se
 once its discovery role is bound to anonymous callers), with the cluster's CA as
 caBundle when the issuer is that API server; else the keys inline (a rotation in that
 cluster then needs the command run again, which the output says).
+
+``o41.cli`` builds every group's parser whatever the command, ``o41 write`` on the light
+install too, so what reads and writes the clusters (the Kubernetes client, the custom
+resources' models, HTTP and TLS) is imported by the function that uses it.
 """
 
 from __future__ import annotations
 
-import json
-import ssl
-import urllib.error
-import urllib.request
+import argparse
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from o41.kube.api import API_VERSION, TrustDomainSpec
-from o41.kube.trust_keys import api_get_json
+from o41.cli.common import EXIT_CONFIG, Parser, Subcommands
 
 DISCOVERY = "/.well-known/openid-configuration"
 JWKS = "/openid/v1/jwks"
@@ -46,8 +46,12 @@ class Workload:
 
 
 def read_workload(kubeconfig: str | None, context: str | None) -> Workload:
+    from pathlib import Path
+
     from kubernetes import config
     from kubernetes.client.exceptions import ApiException
+
+    from o41.kube.trust_keys import api_get_json
 
     try:
         api = config.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
@@ -83,6 +87,10 @@ def _public(issuer: str, ca_pem: str | None) -> bool:
     """Does the issuer's discovery document answer without credentials? Asked only of
     the workload cluster's own API server (a managed issuer's public URL is taken as
     public without a call from here)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
     context = ssl.create_default_context(cadata=ca_pem) if ca_pem else None
     no_proxy = urllib.request.build_opener(
         urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
@@ -98,6 +106,10 @@ def _public(issuer: str, ca_pem: str | None) -> bool:
 
 def trust_domain(name: str, workload: Workload, *, inline: bool) -> dict[str, Any]:
     """The TrustDomain object: discovery when it can work, else the keys inline."""
+    import json
+
+    from o41.kube.api import API_VERSION, TrustDomainSpec
+
     own_server = workload.issuer.rstrip("/") == workload.server
     spec: dict[str, Any] = {"issuer": workload.issuer}
     if inline or (own_server and not workload.public):
@@ -162,7 +174,57 @@ def apply(obj: dict[str, Any], kubeconfig: str | None, context: str | None) -> s
 
 def _said(e: Any) -> str:
     """The API server's message (admission's words), or its status."""
+    import json
+
     try:
         return str(json.loads(e.body)["message"])
     except (TypeError, ValueError, KeyError):
         return f"{e.status} {e.reason}"
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    """``cluster add``: a workload cluster's TrustDomain, from its kubeconfig."""
+    import yaml
+
+    try:
+        workload = read_workload(args.from_kubeconfig, args.from_context)
+        obj = trust_domain(args.name, workload, inline=args.inline_keys)
+        if args.dry_run:
+            print(yaml.safe_dump(obj, sort_keys=False), end="")
+        else:
+            done = apply(obj, args.kubeconfig, args.context)
+            print(f"trustdomain/{args.name} {done}")
+    except ClusterError as e:
+        print(f"{args.prog_name}: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # the spec the models refuse (a name, an issuer)
+        print(f"{args.prog_name}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(advice(args.name, workload, obj), file=sys.stderr)
+    return 0
+
+
+def add(sub: Subcommands) -> None:
+    """``cluster add``."""
+    cluster = sub.add_parser(
+        "cluster",
+        help="trust a workload cluster's tokens (a TrustDomain from its kubeconfig)",
+        description="Read a workload cluster's issuer and keys with its kubeconfig and "
+        "write the TrustDomain to the hub (the kubeconfig of kubectl, or --kubeconfig): OIDC "
+        "discovery when its issuer serves it without credentials, else its keys inline "
+        "(docs/multi-cluster.md).",
+    )
+    cluster_actions = cluster.add_subparsers(dest="action", required=True, parser_class=Parser)
+    adding = cluster_actions.add_parser("add", help="write the TrustDomain NAME")
+    adding.add_argument("name", metavar="NAME", help="the TrustDomain's name (a DNS label)")
+    adding.add_argument(
+        "--from-kubeconfig", required=True, help="the workload cluster's kubeconfig"
+    )
+    adding.add_argument("--from-context", help="its context (default: its current)")
+    adding.add_argument("--inline-keys", action="store_true", help="put the keys in the spec")
+    adding.add_argument(
+        "--dry-run", action="store_true", help="print the TrustDomain, apply nothing"
+    )
+    adding.add_argument("--kubeconfig", help="the hub's kubeconfig (default: kubectl's)")
+    adding.add_argument("--context", help="the hub's context")
+    adding.set_defaults(handler=_cluster, prog_name=adding.prog)

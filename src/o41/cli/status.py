@@ -17,16 +17,21 @@ check 5s ago``::
     Locations: 1
       aws-east  aws/us-east-1  Ready=True  role=fallback,default  reason=BucketReady  ...
     Warnings: none
+
+``o41.cli`` builds every group's parser whatever the command, ``o41 write`` on the light
+install too, so the Kubernetes client and the custom resources' models are imported when
+the organization is read, not with this module.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from o41.kube.api import GROUP, VERSION
+from o41.cli.common import Subcommands, fail
 
 #: Where the operator posts Events about Locations and Organizations (cluster-scoped).
 EVENTS_NAMESPACE = "default"
@@ -165,6 +170,8 @@ def read(organization: str, kubeconfig: str | None = None, context: str | None =
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
+    from o41.kube.api import GROUP, VERSION
+
     try:
         api = config.new_client_from_config(config_file=kubeconfig, context=context)  # type: ignore[no-untyped-call]
     except Exception as e:  # no kubeconfig, or a broken one
@@ -199,3 +206,27 @@ def read(organization: str, kubeconfig: str | None = None, context: str | None =
         raise StatusError(f"cannot reach the API server: {e}") from None
     finally:
         api.close()
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        snapshot = read(args.organization, args.kubeconfig, args.context)
+    except StatusError as e:
+        return fail(args, e)
+    print("\n".join(render(snapshot, dt.datetime.now(dt.UTC))))
+    return 0
+
+
+def add(sub: Subcommands) -> None:
+    """``status``."""
+    status = sub.add_parser(
+        "status",
+        help="an organization at a glance: fallback, defaults, its Locations, warnings",
+        description="Read an Organization, its Locations and their last warning Events "
+        "from the Kubernetes API (the kubeconfig of kubectl: $KUBECONFIG or ~/.kube/config) "
+        "and print them. Also a kubectl plugin: kubectl o41 status ORGANIZATION.",
+    )
+    status.add_argument("organization", metavar="ORGANIZATION", help="the Organization")
+    status.add_argument("--kubeconfig", help="the kubeconfig (default: kubectl's)")
+    status.add_argument("--context", help="the kubeconfig's context (default: its current)")
+    status.set_defaults(handler=_status)
