@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt Makefile
 bins:
 	@hack/testbed-bin.sh >/dev/null
 
-# checkov, the chart's second static check (tests/test_chart_hygiene.py), in a venv of its
+# checkov, the chart's second static check (tests/chart/test_chart_hygiene.py), in a venv of its
 # own: it pins boto3 1.35, the product needs 1.40+. Run offline by the test, never online.
 checkov: .venv-checkov/.installed
 .venv-checkov/.installed: requirements/checkov.txt

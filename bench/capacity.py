@@ -645,7 +645,7 @@ async def collection_entries(etcd: Etcd, n: int) -> Measured:
 
 class PlacementService:
     """The placement service's app in-process on ``store`` (etcd), with a stand-in bucket
-    over HTTP on 127.0.0.1 and two locations, as tests/test_writes.py runs it."""
+    over HTTP on 127.0.0.1 and two locations, as tests/placement/test_writes.py runs it."""
 
     def __init__(self, store: EtcdStore) -> None:
         self.store = store

@@ -33,7 +33,7 @@ KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
-KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/test_chart_hygiene.py)
+KUBE_SCORE_VERSION=${KUBE_SCORE_VERSION:-v1.20.0} # the chart's lint (tests/chart/test_chart_hygiene.py)
 # Debian bookworm's prometheus package, of which only promtool is kept (never installed:
 # no service, no user); the alert rules and their tests use nothing newer than 2.42.
 PROMTOOL_DEB=${PROMTOOL_DEB:-prometheus}

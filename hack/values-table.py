@@ -6,7 +6,7 @@ key that has no comment).
     hack/values-table.py           rewrite the table between the markers in docs/chart.md
     hack/values-table.py --check   exit 1 when the table there is not what this makes
 
-tests/test_chart_hygiene.py runs the check, so a value added without the table fails.
+tests/chart/test_chart_hygiene.py runs the check, so a value added without the table fails.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Another cluster's token issuer, in memory: its signing key, its JWKS, and pods' projected
-tokens signed as a kube-apiserver signs them (tests/test_trust_service.py,
+tokens signed as a kube-apiserver signs them (tests/placement/test_trust_service.py,
 bench/trust.py). The end-to-end tests use a real second kube-apiserver instead."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Locations for the placement service run in-process (``make_app`` on the embedded store,
-as tests/test_writes.py, bench/capacity.py and bench/retention.py run it): one
+as tests/placement/test_writes.py, bench/capacity.py and bench/retention.py run it): one
 organization, its Locations as the operator would have recorded them, ready, each on a
 bucket of the stand-in (``testbed.standin_bucket``), put straight into the service's
 view, and the keys the service opens their buckets with.

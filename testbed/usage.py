@@ -1,6 +1,6 @@
 """The usage page's test bed: the real placement app in-process on an embedded store,
 seeded with a known counter history (the usage tests, bench/usage_page.py; ``FakeReviewer``
-also for tests/test_writes.py and bench/capacity.py).
+also for tests/placement/test_writes.py and bench/capacity.py).
 
 The stand-ins are the token reviewer (test tokens map to namespaces) and the Kubernetes
 view (Organizations and Locations put in directly); the records are written to the store

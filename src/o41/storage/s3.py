@@ -140,7 +140,7 @@ def _client_for(
     # no "Expect: 100-continue" (botocore adds it to every body): the service PUTs small
     # objects (records, manifests), where it only adds a round trip, and a store that
     # closes a kept-alive connection after its "100 Continue" fails each retry of the PUT
-    # (tests/test_storage_transfers.py's relay does: the record PUT failed 6 times in 6)
+    # (tests/storage/test_storage_transfers.py's relay does: the record PUT failed 6 times in 6)
     client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
     return client
 

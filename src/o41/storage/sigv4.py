@@ -2,7 +2,7 @@
 
 botocore's signer (S3SigV4QueryAuth) costs about 1 ms of CPU per URL, most of it in
 generic request handling; the algorithm itself is a few HMACs. This module computes the
-same URL (byte for byte: tests/test_storage_presign.py compares it with botocore's under
+same URL (byte for byte: tests/storage/test_storage_presign.py compares it with botocore's under
 a frozen clock) and caches the day's signing key. Everything else goes through botocore.
 """
 

@@ -17,7 +17,7 @@ SCHEMA = 1  # bumped by any change to the fields: a reader refuses versions it d
 MAX_MICROS = 2**53  # integers a JSON reader with doubles reads exactly
 
 # As o41.kube.api.NAME_PATTERN (an Organization's name) and o41.webhook.cluster.scope's
-# ARTIFACT_PATTERN: the core imports neither, and tests/test_core_ledger.py checks both.
+# ARTIFACT_PATTERN: the core imports neither, and tests/core/test_core_ledger.py checks both.
 ORGANIZATION_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ARTIFACT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 
