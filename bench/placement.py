@@ -17,6 +17,12 @@ service (all on 127.0.0.1), then prints:
     .venv/bin/python bench/placement.py [--seconds 10] [--clients 32] [--mib 1024] [--rounds 5]
     .venv/bin/python bench/placement.py --transfers-only   # skip the begin load
     .venv/bin/python bench/placement.py --transfers-only --variant sel:RANGE_READER=selectors
+    .venv/bin/python bench/placement.py --begin-only --against /tmp/before --begin-rounds 5
+
+``--against DIR`` starts a second service from another source tree (``DIR/src``, e.g.
+``git archive COMMIT src | tar -x -C DIR``) beside this tree's, on the same etcd and
+bucket, and alternates the begin load between the ceiling, this tree's service and that
+one, ``--begin-rounds`` times: a change's cost on the begin path, measured in one run.
 """
 
 from __future__ import annotations
@@ -110,6 +116,46 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
         f"{label:<34} {rps:8.0f} req/s  p50 {q[49] * 1000:6.1f} ms  "
         f"p99 {q[98] * 1000:6.1f} ms  errors {errors}"
     )
+
+
+Loaded = tuple[float, list[float], int]
+
+
+def begin_rounds(
+    targets: dict[str, str],
+    body: bytes,
+    headers: dict[str, str],
+    clients: int,
+    seconds: float,
+    args: argparse.Namespace,
+) -> dict[str, list[Loaded]]:
+    """The begin load on each target, ``--begin-rounds`` times, alternated (each round
+    starts one target later, so no target always follows the same one)."""
+    measured: dict[str, list[Loaded]] = {label: [] for label in targets}
+    labels = list(targets)
+    for n in range(args.begin_rounds):
+        for label in labels[n % len(labels) :] + labels[: n % len(labels)]:
+            measured[label].append(
+                asyncio.run(load(targets[label], body, headers, clients, seconds))
+            )
+    return measured
+
+
+def print_begins(begins: dict[str, list[Loaded]], clients: int, seconds: float) -> None:
+    """Each target's rounds, then its median round (by requests/s) and the ratio of each
+    service's median to the ceiling's."""
+    rounds = len(next(iter(begins.values())))
+    print(f"{clients} concurrent clients for {seconds:.0f} s, {rounds} round(s) each, alternated")
+    medians: dict[str, Loaded] = {}
+    for label, runs in begins.items():
+        if rounds > 1:
+            print(f"{label}: {' '.join(f'{r[0]:.0f}' for r in runs)} req/s")
+        medians[label] = sorted(runs, key=lambda r: r[0])[(len(runs) - 1) // 2]
+    for label, median in medians.items():
+        print(row(label, *median))
+    ceiling = next(iter(medians.values()))[0]
+    for label, median in list(medians.items())[1:]:
+        print(f"{label} reaches {median[0] / ceiling:.0%} of the ceiling's requests/s")
 
 
 # ------------------------------------------------------------------------------ transfers
@@ -432,6 +478,13 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5, help="transfers of each, alternated")
     parser.add_argument("--transfers-only", action="store_true", help="skip the begin load")
+    parser.add_argument("--begin-only", action="store_true", help="skip the transfers")
+    parser.add_argument(
+        "--against", help="another source tree (DIR/src): its service's begin load too"
+    )
+    parser.add_argument(
+        "--begin-rounds", type=int, default=1, help="begin loads of each, alternated"
+    )
     parser.add_argument("--variant", action="append", default=[], help="NAME:KEY=VALUE,...")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -500,6 +553,20 @@ def main() -> int:
             ).start()
             started.append(bare)
             bare.wait_ready(lambda: port_open(bare_port))
+            targets = {
+                "ceiling: bare aiohttp JSON handler": f"http://{LOOPBACK}:{bare_port}/v1/writes",
+                f"begin (placement service, {args.store})": f"{service.url}/v1/writes",
+            }
+            if args.against:
+                other = PlacementProcess(
+                    kc,
+                    endpoints,
+                    work / "placement-against",
+                    env={"PYTHONPATH": str(Path(args.against).resolve() / "src")},
+                ).start()
+                assert other.server is not None
+                started.append(other.server)
+                targets[f"begin, --against {args.against}"] = f"{other.url}/v1/writes"
             body = json.dumps(
                 {
                     "organization": "bench",
@@ -509,40 +576,32 @@ def main() -> int:
                 }
             ).encode()
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-            asyncio.run(load(f"{service.url}/v1/writes", body, headers, 4, 1))  # warm caches
-            ceiling = asyncio.run(
-                load(
-                    f"http://{LOOPBACK}:{bare_port}/v1/writes",
-                    body,
-                    headers,
-                    args.clients,
-                    args.seconds,
-                )
-            )
-            begin = asyncio.run(
-                load(f"{service.url}/v1/writes", body, headers, args.clients, args.seconds)
-            )
+            for url in list(targets.values())[1:]:
+                asyncio.run(load(url, body, headers, 4, 1))  # warm caches
+            begins = begin_rounds(targets, body, headers, args.clients, args.seconds, args)
 
-        big = work / "big.bin"
-        with big.open("wb") as f:
-            for _ in range(args.mib):
-                f.write(os.urandom(1024 * 1024))
-        token_file = work / "token"
-        token_file.write_text(token)
         print(f"{os.cpu_count()} cores; load average before {os.getloadavg()}")
-        variants: dict[str, dict[str, str]] = {}
-        for variant in args.variant:
-            name, _, settings = variant.partition(":")
-            variants[f"ours-{name}"] = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
-        transfers = Transfers(s3, gateway, service.url, token_file, big, work, variants)
-        results = transfers.run(args.rounds)
+        results: dict[tuple[str, str], list[Run]] = {}
+        if not args.begin_only:
+            big = work / "big.bin"
+            with big.open("wb") as f:
+                for _ in range(args.mib):
+                    f.write(os.urandom(1024 * 1024))
+            token_file = work / "token"
+            token_file.write_text(token)
+            variants: dict[str, dict[str, str]] = {}
+            for variant in args.variant:
+                name, _, settings = variant.partition(":")
+                variants[f"ours-{name}"] = dict(
+                    kv.split("=", 1) for kv in settings.split(",") if kv
+                )
+            transfers = Transfers(s3, gateway, service.url, token_file, big, work, variants)
+            results = transfers.run(args.rounds)
         print(f"load average after {os.getloadavg()}")
         if not args.transfers_only:
-            print(f"{args.clients} concurrent clients for {args.seconds:.0f} s")
-            print(row("ceiling: bare aiohttp JSON handler", *ceiling))
-            print(row(f"begin (placement service, {args.store})", *begin))
-            print(f"begin reaches {begin[0] / ceiling[0]:.0%} of the ceiling's requests/s")
-        print_transfers(results, args.mib, args.rounds)
+            print_begins(begins, args.clients, args.seconds)
+        if not args.begin_only:
+            print_transfers(results, args.mib, args.rounds)
         print(
             f"service RSS at rest {rest:.0f} MB, after the load {rss_mb(service.server.pid):.0f} MB"
         )
