@@ -45,7 +45,7 @@ from fsspec.spec import AbstractBufferedFile
 
 from o41.client.artifacts import Artifacts, Written
 from o41.client.directories import listing, locate_file
-from o41.client.errors import ArtifactError, NotFound
+from o41.client.errors import ArtifactError, NotFound, O41Error
 from o41.client.transfers import Pool
 from o41.core.directories import FileEntry, children, entries_of, find, is_folder
 from o41.core.places import Place
@@ -76,6 +76,13 @@ def parse(path: str) -> tuple[str, str | None, str, str]:
         raise ValueError(f"{artifact[:80]!r} is not an artifact name (o41://ORG/ARTIFACT@VERSION)")
     inner = parts[2] if len(parts) == 3 else ""
     return org, artifact, ref or LATEST, inner
+
+
+def _raise_service_errors(error: Exception) -> None:
+    """fsspec's walk ``on_error``: a path that is not there is left out, as by default;
+    the service's own errors are raised."""
+    if isinstance(error, O41Error):
+        raise error
 
 
 class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
@@ -195,6 +202,30 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
                     for e in files
                 ]
         return got if detail else [g["name"] for g in got]
+
+    # fsspec takes an OSError in isdir and walk (so find and glob) for "no such path". Some
+    # of the client's errors are OSErrors too (Unavailable, TransportError, NotAllowed): a
+    # service that is down, or a token it refuses, is raised, never a path that is not there.
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return bool(self.info(path)["type"] == "directory")
+        except O41Error:
+            raise
+        except OSError:
+            return False
+
+    def walk(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        topdown: bool = True,
+        on_error: Any = "omit",
+        **kwargs: Any,
+    ) -> Any:
+        if on_error == "omit":
+            on_error = _raise_service_errors
+        return super().walk(path, maxdepth, topdown, on_error, **kwargs)
 
     def ukey(self, path: str) -> str:
         info = self.info(path)

@@ -16,15 +16,14 @@ against the CRC32 its writer recorded.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from o41.client.connection import Connection, connection_of
 from o41.client.errors import (
     ArtifactError,
     BadRequest,
@@ -37,23 +36,17 @@ from o41.client.errors import (
     Unauthorized,
     Unavailable,
     UploadFailed,
-    service_error,
 )
 from o41.client.reads import NoRanges, RangeReader, download, into_memory, range_size, read_range
 from o41.client.retries import begin_elsewhere, kept_parts, other_file
-
-# the endpoint and token a pod's clients use, defined once (the collections' client too)
-from o41.client.tls import CaFileError, ca_file_of, service_context, untrusted
 from o41.client.transfers import (
     PartURLs,
     Source,
-    connection,
     part_checksums,
     recorded_parts,
     upload,
     upload_parts,
 )
-from o41.client.transport import ENV_ENDPOINT, ENV_TOKEN, ENV_TOKEN_FILE, SA_TOKEN
 from o41.core.parts import PART_SIZE, part_size_for
 from o41.core.places import Place
 
@@ -62,6 +55,7 @@ __all__ = [
     "Artifacts",
     "BadRequest",
     "Conflict",
+    "Connection",
     "Damaged",
     "Forbidden",
     "NotFound",
@@ -119,85 +113,49 @@ def resumable(e: BaseException, version: str, artifact: str) -> None:
 
 
 class Artifacts:
-    """The placement service as a pod sees it."""
+    """The placement service as a pod sees it, through one
+    :class:`~o41.client.connection.Connection` (``connection``, or one made of the
+    settings given: see there for each, and the environment it reads)."""
 
     def __init__(
         self,
         endpoint: str | None = None,
         token_file: str | None = None,
         place: Place | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         ca_file: str | None = None,
+        *,
+        connection: Connection | None = None,
     ) -> None:
-        """``ca_file``: the CA bundle that checks an ``https://`` service (default
-        ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
-        endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
-        if not endpoint:
-            raise ArtifactError(
-                f"no placement service endpoint: set {ENV_ENDPOINT} or pass --endpoint"
-            )
-        self.endpoint = endpoint.rstrip("/")
-        self.token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
-        # $O41_ARTIFACTS_TOKEN (a VM's service token) unless a file is named here
-        self._given_token = None if token_file else os.environ.get(ENV_TOKEN, "").strip() or None
-        self._place = place
-        self.timeout = timeout
-        self.ca_file = ca_file_of(ca_file)
+        self.connection = connection_of(
+            connection,
+            endpoint=endpoint,
+            token_file=token_file,
+            place=place,
+            timeout=timeout,
+            ca_file=ca_file,
+        )
+        self.connection.url  # noqa: B018 - no endpoint: said now, not at the first call
+
+    @property
+    def endpoint(self) -> str:
+        return self.connection.url
+
+    @property
+    def timeout(self) -> float:
+        return self.connection.timeout
+
+    @property
+    def ca_file(self) -> str | None:
+        return self.connection.ca_file
 
     @property
     def place(self) -> Place:
-        if self._place is None:
-            from o41.client.place import detect_place
-
-            self._place = detect_place()
-        return self._place
-
-    def _token(self) -> str | None:
-        if self._given_token is not None:
-            return self._given_token
-        try:  # read each time: projected tokens rotate
-            return Path(self.token_file).read_text().strip() or None
-        except OSError:
-            return None
+        return self.connection.place
 
     def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        context = None
-        if self.endpoint.startswith("https:"):
-            try:
-                context = service_context(self.ca_file)
-            except CaFileError as e:
-                raise ArtifactError(str(e)) from None
-        conn, target = connection(self.endpoint + path, self.timeout, context)
-        headers = {"Accept": "application/json"}
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        try:
-            conn.request(method, target, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except OSError as e:
-            refused = untrusted(e, self.endpoint, self.ca_file)
-            if refused is not None:
-                raise TransportError(refused) from None
-            raise TransportError(
-                f"the placement service at {self.endpoint} did not answer: {e}; check "
-                f"{ENV_ENDPOINT} and that the service runs, then retry"
-            ) from None
-        finally:
-            conn.close()
-        try:
-            answer = json.loads(raw) if raw else {}
-        except ValueError:
-            answer = {"error": raw[:200].decode(errors="replace")}
-        if resp.status >= 400:
-            message = answer.get("error") if isinstance(answer, dict) else None
-            raise service_error(resp.status, str(message or f"HTTP {resp.status}"), answer)
-        return answer
+        """One JSON call to the service (:meth:`Connection.request`)."""
+        return self.connection.request(method, path, body)
 
     # ----------------------------------------------------------------------------- write
 

@@ -1,8 +1,10 @@
 """The synchronous collection objects ``o41.sky`` hands out.
 
-They reach the service through a transport (:mod:`o41.client.transport`). Keys are
-encoded and values serialized here, on the client; the service only sees canonical key
-texts and opaque bytes.
+They reach the service through a transport (:mod:`o41.client.transport`): over HTTP, the
+:class:`~o41.client.connection.Connection` the artifacts client uses too
+(:meth:`Client.over`). Keys are encoded and values serialized here, on the client; the
+service only sees canonical key texts and opaque bytes. A value over the size limit is
+refused before it is sent, with the error the service's 413 is (``ValueTooLarge``).
 """
 
 from __future__ import annotations
@@ -19,19 +21,19 @@ from collections.abc import ItemsView, Iterator, KeysView, MutableMapping, Mutab
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
-from o41.client.transport import (
-    ENV_ENDPOINT,
-    MAX_WAIT,
+from o41.client.connection import Connection
+from o41.client.errors import (
     CollectionError,
     Conflict,
-    EmbeddedTransport,
-    HttpTransport,
     InvalidRequest,
+    LimitReached,
     NotAllowed,
-    Transport,
+    NotFound,
+    TransportError,
     Unavailable,
     ValueTooLarge,
 )
+from o41.client.transport import MAX_WAIT, EmbeddedTransport, HttpTransport, Transport
 from o41.collections import values
 from o41.collections.keys import check_name, decode_key, encode_key
 
@@ -97,6 +99,14 @@ def _labels(path: str) -> builtins.dict[str, str]:
 # the collections
 
 
+def _dumps(value: Any) -> bytes:
+    """``value`` serialized; over the limit, the error the service would answer."""
+    try:
+        return values.dumps(value)
+    except values.ValueTooLarge as e:
+        raise ValueTooLarge(413, str(e), {"error": str(e)}) from None
+
+
 class _Collection:
     kind: ClassVar[str]
 
@@ -137,7 +147,7 @@ class Dict(_Collection, MutableMapping[Any, Any]):
         return values.loads(found["value"]) if found["found"] else default
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._call("set", key=encode_key(key), value=values.dumps(value))
+        self._call("set", key=encode_key(key), value=_dumps(value))
 
     def __delitem__(self, key: Any) -> None:
         if not self._call("delete", key=encode_key(key))["found"]:
@@ -174,7 +184,7 @@ class Dict(_Collection, MutableMapping[Any, Any]):
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         """Atomic: of many concurrent callers, one value wins and all get it."""
-        found = self._call("setdefault", key=encode_key(key), value=values.dumps(default))
+        found = self._call("setdefault", key=encode_key(key), value=_dumps(default))
         return values.loads(found["value"])
 
     def clear(self) -> None:
@@ -244,7 +254,7 @@ class Queue(_Collection):
         (``ValueError``): ``poll`` answers ``None`` for an empty queue."""
         if item is None:
             raise ValueError(NO_NONE)
-        self._call("offer", value=values.dumps(item))
+        self._call("offer", value=_dumps(item))
 
     def poll(self) -> Any:
         """The head item, removed; ``None`` when the queue is empty (never blocks)."""
@@ -265,7 +275,7 @@ class Registry(_Collection):
 
     def register(self, name: Any, value: Any) -> None:
         """Leave ``value`` under ``name`` (replacing what was there)."""
-        self._call("register", key=encode_key(name), value=values.dumps(value))
+        self._call("register", key=encode_key(name), value=_dumps(value))
 
     def lookup(self, name: Any, default: Any = None) -> Any:
         """The value registered under ``name``; ``default`` when there is none."""
@@ -506,7 +516,9 @@ def _identity() -> str:
 
 
 class Client:
-    """The collections of one compute, through one transport."""
+    """The collections of one compute, through one transport (:meth:`over` a
+    :class:`~o41.client.connection.Connection`: the placement service; an
+    :class:`EmbeddedTransport`: in this process)."""
 
     def __init__(self, transport: Transport, compute: str = "local") -> None:
         self.transport = transport
@@ -516,13 +528,24 @@ class Client:
         self.keeper = _Keeper()
 
     @classmethod
+    def over(
+        cls, connection: Connection, compute: str | None = None, *, websocket: bool = True
+    ) -> Client:
+        """The collections of ``compute`` (default: this pod's,
+        :func:`compute_from_environment`) at the service ``connection`` reaches, with its
+        token and TLS: the connection an artifacts client uses serves both."""
+        transport = HttpTransport(connection=connection, websocket=websocket)
+        return cls(transport, compute_from_environment() if compute is None else compute)
+
+    @classmethod
     def from_environment(cls) -> Client:
         """The placement service at ``$O41_ARTIFACTS_ENDPOINT`` with the pod's token, for
         the compute of this pod; without that variable, collections embedded in this
         process."""
-        endpoint = os.environ.get(ENV_ENDPOINT)
-        transport: Transport = HttpTransport(endpoint) if endpoint else EmbeddedTransport()
-        return cls(transport, compute_from_environment())
+        connection = Connection()
+        if connection.endpoint:
+            return cls.over(connection)
+        return cls(EmbeddedTransport(), compute_from_environment())
 
     def dict(self, name: str, consistency: Consistency = "strong") -> Dict:
         return Dict(self, name, consistency)
@@ -562,11 +585,14 @@ __all__ = [
     "EmbeddedTransport",
     "HttpTransport",
     "InvalidRequest",
+    "LimitReached",
     "Lock",
     "NotAllowed",
+    "NotFound",
     "Queue",
     "Registry",
     "Set",
+    "TransportError",
     "Unavailable",
     "ValueTooLarge",
 ]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from o41.client.errors import PlaceConfigError as PlaceConfigError  # its name here too
 from o41.core.places import Place, Source
 
 if TYPE_CHECKING:
@@ -67,15 +68,6 @@ MetadataCloud = Literal["aws", "gcp", "azure"]
 # else (an HTML page from a captive portal, an error text) is not an answer.
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}"
 _MAX_BODY = 4096
-
-
-class PlaceConfigError(ValueError):
-    """The job's place override is half set: a start-up error, never a silent guess."""
-
-    def __init__(self, present: str, missing: str) -> None:
-        self.present = present
-        self.missing = missing
-        super().__init__(f"{present} is set but {missing} is not: set both or neither")
 
 
 class Step(NamedTuple):

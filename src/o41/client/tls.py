@@ -18,15 +18,13 @@ import os
 import ssl
 import threading
 
+from o41.client.errors import CaFileError as CaFileError  # its name here too
+
 ENV_CA_FILE = "O41_ARTIFACTS_CA_FILE"
 
 _lock = threading.Lock()
 _system: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
 _by_file: dict[str, tuple[tuple[int, int], ssl.SSLContext]] = {}
-
-
-class CaFileError(ValueError):
-    """The CA bundle cannot be read or holds no certificate."""
 
 
 def system_context() -> ssl.SSLContext:

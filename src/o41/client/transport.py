@@ -4,7 +4,9 @@
 keep-alive connection per thread, a WebSocket when the service takes it);
 :class:`EmbeddedTransport` runs the service's own engine
 on the embedded store in a thread of this process (laptops, tests, demos). Refusals come
-back as the exceptions below, whichever transport carried the call.
+back as the client's one hierarchy (``o41.client.errors``, the same classes the artifacts
+calls raise), whichever transport carried the call; the HTTP transport reaches the
+service through an ``o41.client.connection.Connection`` (its endpoint, token and TLS).
 """
 
 from __future__ import annotations
@@ -24,18 +26,24 @@ import time
 import urllib.parse
 from typing import Any, Protocol
 
-from o41.client.tls import CaFileError, ca_file_of, service_context, untrusted
-from o41.collections import values, wire
+from o41.client.connection import Connection, connection_of
+from o41.client.errors import (
+    CollectionError,
+    Conflict,
+    InvalidRequest,
+    LimitReached,
+    NotAllowed,
+    TransportError,
+    Unavailable,
+    ValueTooLarge,
+    service_error,
+)
+from o41.collections import wire
 
 _log = logging.getLogger(__name__)
 
-ENV_ENDPOINT = "O41_ARTIFACTS_ENDPOINT"
-ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
-# the token itself (a VM's service token, passed as a secret env var), before any file
-ENV_TOKEN = "O41_ARTIFACTS_TOKEN"  # noqa: S105 - a variable name
-SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 MAX_WAIT = 25.0  # seconds one waiting request may last; longer waits are several requests
-HTTP_TIMEOUT = MAX_WAIT + 35.0
+HTTP_TIMEOUT = MAX_WAIT + 35.0  # at least this long for an answer: a waiting request's comes
 TOKEN_REFRESH = 60.0  # kubelet rotates projected tokens: read the file again this often
 IDLE_CONNECTION = 30.0  # below the server's keep-alive (75 s): no reuse of a closed one
 
@@ -63,67 +71,19 @@ _IDEMPOTENT = frozenset(
 )
 _NOT_IDEMPOTENT = {("counter", "add")}
 
-
-class CollectionError(Exception):
-    """A collection operation was refused or failed; the message says why and what to do."""
-
-    status = 0
-
-
-class InvalidRequest(CollectionError, ValueError):
-    """A bad name, key or argument (HTTP 400)."""
-
-    status = 400
-
-
-ValueTooLarge = values.ValueTooLarge  # a value over the size limit (HTTP 413)
-
-
-class Conflict(CollectionError, ValueError):
-    """The request contradicts the collection (a barrier's parties; HTTP 409)."""
-
-    status = 409
-
-
-class NotAllowed(CollectionError, PermissionError):
-    """The service did not accept this pod's token (HTTP 401/403)."""
-
-    status = 401
-
-
-class LimitReached(CollectionError):
-    """The namespace's quota, or this token's rate, was reached (HTTP 429): the message
-    says the usage, the limit and what to do; ``retry_after`` seconds for a rate."""
-
-    status = 429
-    retry_after: int | None = None
-
-
-class Unavailable(CollectionError, ConnectionError):
-    """The collections cannot answer now: etcd lost its majority, or the service is down.
-
-    A write that failed this way may or may not have been applied.
-    """
-
-    status = 503
-
-
-def error_for(status: int, message: str) -> Exception:
-    """The exception for an HTTP refusal of the service."""
-    if status == 413:
-        return ValueTooLarge(message)
-    kinds: dict[int, type[CollectionError]] = {
-        400: InvalidRequest,
-        401: NotAllowed,
-        403: NotAllowed,
-        409: Conflict,
-        429: LimitReached,
-        503: Unavailable,
-        504: Unavailable,
-    }
-    error = kinds.get(status, CollectionError)(message)
-    error.status = status
-    return error
+__all__ = [  # and the errors (o41.client.errors) by the names the collections gave them
+    "CollectionError",
+    "Conflict",
+    "EmbeddedTransport",
+    "HttpTransport",
+    "InvalidRequest",
+    "LimitReached",
+    "NotAllowed",
+    "Transport",
+    "TransportError",
+    "Unavailable",
+    "ValueTooLarge",
+]
 
 
 class Transport(Protocol):
@@ -152,7 +112,7 @@ class _Closed(Exception):
         self.code = code
 
 
-class _Connection:
+class _Socket:
     """One keep-alive HTTP/1.1 connection, spoken directly on a socket, which may be
     upgraded to a WebSocket (RFC 6455, client side: masked frames out, none compressed).
 
@@ -313,51 +273,43 @@ class _Connection:
 
 
 class HttpTransport:
-    """The placement service at ``endpoint``, authenticated by the pod's ServiceAccount
-    token (``token``, or read from ``token_file``: by default ``$O41_ARTIFACTS_TOKEN_FILE``
-    or the mounted ServiceAccount token). One connection per thread, kept alive, upgraded
-    to a WebSocket (``websocket=True``, unless the service or a proxy on the way refuses:
-    then one POST per operation). An ``https://`` service is checked with ``ca_file``
-    (default ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
+    """The placement service that ``connection`` reaches (or one made of ``endpoint``,
+    ``token``, ``token_file`` and ``ca_file``: :class:`~o41.client.connection.Connection`
+    says each, and what it reads from the environment), authenticated by its token: the
+    pod's ServiceAccount token by default, read again every ``TOKEN_REFRESH`` seconds.
+    One connection per thread, kept alive, upgraded to a WebSocket (``websocket=True``,
+    unless the service or a proxy on the way refuses: then one POST per operation).
+    ``timeout``: seconds one request may take (default: the connection's, at least
+    ``HTTP_TIMEOUT``, since a waiting request waits up to ``MAX_WAIT`` on the service)."""
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | None = None,
         *,
         token: str | None = None,
         token_file: str | None = None,
-        timeout: float = HTTP_TIMEOUT,
+        timeout: float | None = None,
         websocket: bool = True,
         ca_file: str | None = None,
+        connection: Connection | None = None,
     ) -> None:
-        parts = urllib.parse.urlsplit(endpoint)
+        self.connection = connection_of(
+            connection, endpoint=endpoint, token=token, token_file=token_file, ca_file=ca_file
+        )
+        parts = urllib.parse.urlsplit(self.connection.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {endpoint[:80]!r}")
+            raise ValueError(f"not an http(s) URL: {self.connection.url[:80]!r}")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port or (443 if self._https else 80)
         self._base = parts.path.rstrip("/")
         self._hostport = parts.netloc.rpartition("@")[2]
-        self._timeout = timeout
-        self._ca_file = ca_file_of(ca_file)  # an https service's CA bundle; None: system's
-        self._token = token if token or token_file else os.environ.get(ENV_TOKEN) or None
-        self._token_file = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
-        self._token_read = (0.0, "")
+        self._timeout = max(self.connection.timeout, HTTP_TIMEOUT) if timeout is None else timeout
         self._local = threading.local()
         self.websocket = websocket  # turned off for good if the service refuses to upgrade
 
     def _bearer(self) -> str:
-        if self._token is not None:
-            return self._token
-        read_at, token = self._token_read
-        if time.monotonic() - read_at > TOKEN_REFRESH:
-            try:
-                with open(self._token_file) as f:
-                    token = f.read().strip()
-            except OSError:
-                token = ""
-            self._token_read = (time.monotonic(), token)
-        return token
+        return self.connection.bearer(TOKEN_REFRESH)
 
     def _head(self, method: str, path: str, token: str | None = None) -> str:
         token = self._bearer() if token is None else token
@@ -365,9 +317,9 @@ class HttpTransport:
             f"Authorization: Bearer {token}\r\n" if token else ""
         )
 
-    def _connection(self) -> _Connection:
+    def _connection(self) -> _Socket:
         """This thread's connection; a new one if the last is gone or idle too long."""
-        conn: _Connection | None = getattr(self._local, "conn", None)
+        conn: _Socket | None = getattr(self._local, "conn", None)
         if conn is not None and (
             time.monotonic() - conn.used_at > IDLE_CONNECTION
             or (not conn.deferred and not conn.unconfirmed and conn.dropped())  # else answers
@@ -381,21 +333,19 @@ class HttpTransport:
             self._local.conn = conn
         return conn
 
-    def _open(self) -> _Connection:
+    def _open(self) -> _Socket:
+        context = self.connection.tls()  # a CA file that cannot be used: CaFileError
         try:
-            context = service_context(self._ca_file) if self._https else None
-            return _Connection(self._host, self._port, context, self._timeout)
-        except CaFileError as e:
-            raise Unavailable(str(e)) from None
+            return _Socket(self._host, self._port, context, self._timeout)
         except OSError as e:
-            refused = untrusted(e, f"https://{self._hostport}", self._ca_file)
+            refused = self.connection.untrusted(e, f"https://{self._hostport}")
             if refused is not None:
-                raise Unavailable(refused) from None
-            raise Unavailable(
+                raise TransportError(refused) from None
+            raise TransportError(
                 f"cannot reach the collections service at {self._hostport}: {e}"
             ) from None
 
-    def _upgraded(self, conn: _Connection) -> bool:
+    def _upgraded(self, conn: _Socket) -> bool:
         """Whether the service took the WebSocket; if not because it does not speak it
         here (an older service, a proxy that does not pass WebSockets), POST from now on."""
         token = self._bearer()
@@ -403,7 +353,7 @@ class HttpTransport:
             status, body = conn.upgrade(self._head("GET", WS_PATH, token))
         except (OSError, ValueError, IndexError) as e:
             conn.close()
-            raise Unavailable(
+            raise TransportError(
                 f"the collections service at {self._hostport} did not answer "
                 f"({type(e).__name__}: {e})"
             ) from None
@@ -412,14 +362,15 @@ class HttpTransport:
             return True
         conn.close()
         if status in (401, 403) or status >= 500:
-            raise error_for(status, _message(status, body))
+            raise _refusal(status, _answer_of(status, body))
         self.websocket = False
         return False
 
     def _exchange(
-        self, conn: _Connection, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
-    ) -> tuple[int, Any, str]:
-        """One operation on ``conn``: the status, the result (200) or the error message."""
+        self, conn: _Socket, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+    ) -> tuple[int, Any, dict[str, Any]]:
+        """One operation on ``conn``: the status, and the result (200) or the refusal's
+        answer (its ``error``, and what else the service said)."""
         if conn.websocket:
             self._renew(conn)
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
@@ -429,7 +380,9 @@ class HttpTransport:
             if not isinstance(answer, dict):
                 raise ValueError("the answer is not a JSON object")
             status = answer.get("status", 0)
-            return status, answer.get("result"), str(answer.get("error") or f"status {status}")
+            if status != 200:
+                return status, None, {**answer, "error": answer.get("error") or f"status {status}"}
+            return status, answer.get("result"), {}
         body = json.dumps(args, separators=(",", ":")).encode()
         status, data, keep = conn.exchange(
             self._head("POST", f"/v1/collections/{compute}/{kind}/{name}/{op}").encode()
@@ -438,10 +391,10 @@ class HttpTransport:
         if not keep:
             self._drop(conn)
         if status != 200:
-            return status, None, _message(status, data)
-        return status, json.loads(data), ""
+            return status, None, _answer_of(status, data)
+        return status, json.loads(data), {}
 
-    def _renew(self, conn: _Connection) -> None:
+    def _renew(self, conn: _Socket) -> None:
         """The token file changed (the kubelet rotated it): hand the new token to the
         service in band, so this WebSocket outlives the token it began with. A service
         that does not take it (an older one answers 400) gets a new connection instead."""
@@ -459,9 +412,9 @@ class HttpTransport:
             raise _Closed(RECONNECT, "the service takes a new token only at the upgrade")
         self._drop(conn)
         message = answer.get("error") if isinstance(answer, dict) else None
-        raise error_for(401, str(message or "the new token was not accepted"))
+        raise _refusal(401, {"error": str(message or "the new token was not accepted")})
 
-    def _answer(self, conn: _Connection) -> Any:
+    def _answer(self, conn: _Socket) -> Any:
         """The answer to the operation just sent: refusals of quiet operations sent before
         it come first (by their ids; each is sent again, waiting, after this one), and
         those not refused by then were taken (answers come in order)."""
@@ -471,7 +424,7 @@ class HttpTransport:
                 conn.unconfirmed.clear()
                 return answer
 
-    def _confirm(self, conn: _Connection) -> None:
+    def _confirm(self, conn: _Socket) -> None:
         """Learn which quiet operations were refused without sending one: a ping, whose
         pong the service sends after the answers to every message before it."""
         if not conn.unconfirmed:
@@ -482,7 +435,7 @@ class HttpTransport:
             self._refused(conn, wire.loads(message))
         conn.unconfirmed.clear()
 
-    def _refused(self, conn: _Connection, answer: Any) -> bool:
+    def _refused(self, conn: _Socket, answer: Any) -> bool:
         """Whether ``answer`` refuses a quiet operation sent on ``conn`` (found by its id);
         if so, that operation is sent again, waiting, after the one at hand."""
         ident = answer.get("id") if conn.unconfirmed and isinstance(answer, dict) else None
@@ -491,7 +444,7 @@ class HttpTransport:
             self._redo().append(refused)
         return refused is not None
 
-    def _settle(self, conn: _Connection) -> None:
+    def _settle(self, conn: _Socket) -> None:
         """Read the answers of the operations sent without waiting (they come before the
         next one's); one refused is sent again, waiting, after the operation at hand."""
         while conn.deferred:
@@ -553,7 +506,7 @@ class HttpTransport:
         else:
             conn.deferred.append((compute, kind, name, op, args))
 
-    def _drop(self, conn: _Connection) -> None:
+    def _drop(self, conn: _Socket) -> None:
         # their answers are lost: send them again
         self._redo().extend([*conn.deferred, *conn.unconfirmed.values()])
         conn.deferred.clear()
@@ -586,18 +539,21 @@ class HttpTransport:
             conn = self._connection()
             reused = not conn.fresh
             try:
-                status, result, error = self._exchange(conn, compute, kind, name, op, args)
+                status, result, refused = self._exchange(conn, compute, kind, name, op, args)
             except CollectionError:
                 raise  # a refusal (a new token not accepted): said as it is
             except _Closed as e:
                 self._drop(conn)
                 if e.code == 1009:
-                    raise InvalidRequest(
-                        "the operation is over the service's message size limit: "
-                        "send smaller values"
+                    raise _refusal(
+                        400,
+                        {
+                            "error": "the operation is over the service's message size "
+                            "limit: send smaller values"
+                        },
                     ) from None
                 if e.code == RECONNECT:
-                    self._token_read = (0.0, "")  # perhaps for a new token: read it again
+                    self.connection.forget_token()  # perhaps for a new token: read it again
                     continue  # not run: send it again, afresh
                 failure: Exception = e
             except (OSError, ValueError, IndexError) as e:
@@ -607,30 +563,40 @@ class HttpTransport:
                 if self._redo():
                     self._send_again()
                 if status != 200:
-                    raise error_for(status, error)
+                    raise _refusal(status, refused)
                 return _decoded(result)
             if self._redo():
                 with contextlib.suppress(CollectionError):
                     self._send_again()
             if attempt == 0 and reused and retry_safe:
                 continue  # a kept-alive connection that died: once more, afresh
-            raise Unavailable(
+            raise TransportError(
                 f"the collections service at {self._hostport} did not answer "
                 f"({type(failure).__name__}: {failure})"
                 + ("" if retry_safe else "; the write may or may not have been applied")
             ) from None
-        raise Unavailable(
+        raise TransportError(
             f"the collections service at {self._hostport} kept closing the connection "
             "(restarting?): try again"
         )
 
 
-def _message(status: int, body: bytes) -> str:
-    """The error message of a JSON refusal (or the start of any other body)."""
+def _answer_of(status: int, body: bytes) -> dict[str, Any]:
+    """A refusal's JSON answer: its ``error`` (else the start of the body as the error)
+    and what else it said."""
     try:
-        return str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        return body[:200].decode(errors="replace") or f"HTTP {status}"
+        answer = json.loads(body)
+        if isinstance(answer, dict) and "error" in answer:
+            return {**answer, "error": str(answer["error"])}
+    except ValueError:
+        pass
+    return {"error": body[:200].decode(errors="replace") or f"HTTP {status}"}
+
+
+def _refusal(status: int, answer: dict[str, Any]) -> Exception:
+    """The client's error (``o41.client.errors``, the one map from a status) of a refusal
+    ``answer`` with ``status``."""
+    return service_error(status, str(answer.get("error") or f"HTTP {status}"), answer)
 
 
 def _decoded(result: dict[str, Any]) -> dict[str, Any]:
@@ -678,10 +644,10 @@ class EmbeddedTransport:
         )
         try:
             return future.result()
-        except Refused as e:
-            raise error_for(e.status, str(e)) from None
+        except Refused as e:  # the engine's refusals, as the service would answer them
+            raise _refusal(e.status, {"error": str(e)}) from None
         except StoreUnavailable as e:
-            raise Unavailable(str(e)) from None
+            raise _refusal(503, {"error": str(e)}) from None
 
     def close(self) -> None:
         import asyncio
