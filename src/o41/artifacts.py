@@ -19,8 +19,11 @@ reference to a version is its id, ``"latest"`` (the newest committed version) or
 
 Every function here is a method of :class:`Client` too; the module's functions use one
 client made on first use from ``$O41_ARTIFACTS_ENDPOINT`` and the pod's ServiceAccount
-token (:func:`configure` makes another). Errors are :class:`Error` and its subclasses; the
-message of each says what to do. See docs/artifacts.md.
+token (:func:`configure` makes another). A client holds one connection to the service
+(``o41.client.connection.Connection``: endpoint, token, CA file, place, timeout, read
+once), and its ``collections`` are ``sky``'s collections over that same connection.
+Errors are :class:`Error` and its subclasses, the client's one hierarchy (``sky``'s
+errors are the same classes); the message of each says what to do. See docs/artifacts.md.
 """
 
 from __future__ import annotations
@@ -33,16 +36,20 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from o41.client import directories as _directories
 from o41.client.artifacts import Artifacts
+from o41.client.connection import Connection, connection_of
 from o41.client.errors import (
     ArtifactError,
     BadRequest,
+    ConfigError,
     Conflict,
     Damaged,
     Forbidden,
+    LimitReached,
+    NotAllowed,
     NotFound,
     ServiceError,
     TransportError,
@@ -52,18 +59,24 @@ from o41.client.errors import (
 from o41.client.reads import RangeReader
 from o41.core.places import Place
 
+if TYPE_CHECKING:
+    from o41.client import collections as _collections
+
 __all__ = [
     "ANY",
     "LATEST",
     "ArtifactInfo",
     "BadRequest",
     "Client",
+    "ConfigError",
     "Conflict",
     "Damaged",
     "Directory",
     "Error",
     "FileInfo",
     "Forbidden",
+    "LimitReached",
+    "NotAllowed",
     "NotFound",
     "Page",
     "Read",
@@ -93,7 +106,8 @@ __all__ = [
     "write",
 ]
 
-#: The base of every error of this module (and of the ``o41`` command's client).
+#: The base of every error of this module (and of the ``o41`` command's client, and of
+#: ``sky``: the client's one hierarchy, ``o41.client.errors.O41Error``).
 Error = ArtifactError
 LATEST: Final = "latest"
 
@@ -220,24 +234,62 @@ class VersionFile(io.BufferedReader):
 
 
 class Client:
-    """The SDK on one endpoint and token; the module's functions use a default one."""
+    """The SDK on one connection to the placement service; the module's functions use a
+    default one.
+
+    ``endpoint`` (default ``$O41_ARTIFACTS_ENDPOINT``), ``token_file`` (default
+    ``$O41_ARTIFACTS_TOKEN_FILE``, else ``$O41_ARTIFACTS_TOKEN``, else the pod's
+    ServiceAccount token), ``place`` (default: detected once), ``timeout`` (seconds, default
+    60) and ``ca_file`` (the CA bundle of an ``https://`` service of a private CA, default
+    ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots) make its
+    ``o41.client.connection.Connection``; or give ``connection``, one made already (then
+    none of the others). :attr:`collections` are ``sky``'s over the same connection.
+    """
 
     def __init__(
         self,
         endpoint: str | None = None,
         token_file: str | None = None,
         place: Place | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         ca_file: str | None = None,
+        *,
+        connection: Connection | None = None,
     ) -> None:
-        """``ca_file``: the CA bundle of an ``https://`` service of a private CA (default
-        ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots)."""
-        self._api = Artifacts(endpoint, token_file, place=place, timeout=timeout, ca_file=ca_file)
+        connection = connection_of(
+            connection,
+            endpoint=endpoint,
+            token_file=token_file,
+            place=place,
+            timeout=timeout,
+            ca_file=ca_file,
+        )
+        self._api = Artifacts(connection=connection)
+        self._collections: _collections.Client | None = None
+        self._collections_lock = threading.Lock()
+
+    @property
+    def connection(self) -> Connection:
+        """The connection to the service: endpoint, token, CA file, place, timeout."""
+        return self._api.connection
 
     @property
     def place(self) -> Place:
         """This pod's place, detected once (env, SkyPilot, cloud metadata, none)."""
         return self._api.place
+
+    @property
+    def collections(self) -> _collections.Client:
+        """The distributed collections of this pod's compute (what ``sky`` hands out:
+        ``client.collections.dict("d")``), over this client's connection: the same
+        endpoint, token and CA. Made on first use; ``sky.configure(client.collections)``
+        makes ``sky.*`` use it."""
+        with self._collections_lock:
+            if self._collections is None:
+                from o41.client.collections import Client as Collections
+
+                self._collections = Collections.over(self.connection)
+            return self._collections
 
     # --- write -------------------------------------------------------------------------
 
@@ -467,13 +519,16 @@ def configure(
     endpoint: str | None = None,
     token_file: str | None = None,
     place: Place | None = None,
-    timeout: float = 60.0,
+    timeout: float | None = None,
+    ca_file: str | None = None,
+    *,
+    connection: Connection | None = None,
 ) -> Client:
     """Make the client the module's functions use (by default: on first use, from the
-    environment)."""
+    environment), as :class:`Client` takes its settings."""
     global _default
     with _lock:
-        _default = Client(endpoint, token_file, place, timeout)
+        _default = Client(endpoint, token_file, place, timeout, ca_file, connection=connection)
         return _default
 
 

@@ -18,7 +18,13 @@ In a pod, calls go to the placement service at ``$O41_ARTIFACTS_ENDPOINT`` with 
 ServiceAccount token; the compute comes from ``$O41_COMPUTE`` or the pod's Job (see
 :func:`o41.client.collections.compute_from_environment`). Without
 ``$O41_ARTIFACTS_ENDPOINT`` the collections are embedded in the process (same API and
-semantics, one replica): laptops, tests and demos. See docs/collections.md.
+semantics, one replica): laptops, tests and demos. An artifacts client's connection serves
+the collections too: ``sky.configure(artifacts.Client(...).collections)``, or
+``sky.configure(sky.Client.over(connection))``.
+
+Errors are the client's one hierarchy (``o41.client.errors``): ``sky.CollectionError`` is
+its root, the same class as ``artifacts.Error``, and a refusal is the same class whichever
+side it came from (``sky.Conflict`` is ``artifacts.Conflict``). See docs/collections.md.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from o41.client.collections import (
     EmbeddedTransport,
     HttpTransport,
     InvalidRequest,
+    LimitReached,
     Lock,
     NotAllowed,
+    NotFound,
     Queue,
     Registry,
     Set,
+    TransportError,
     Unavailable,
     ValueTooLarge,
     compute_from_environment,
@@ -79,7 +88,9 @@ def client() -> Client:
 
 
 def configure(new: Client | None) -> None:
-    """Use ``new`` for the module-level factories (``None``: from the environment again)."""
+    """Use ``new`` for the module-level factories (``None``: from the environment again):
+    a :class:`Client`, such as an artifacts client's ``collections`` (the same connection
+    to the service) or ``Client.over(connection, compute)``."""
     global _default
     with _default_lock:
         _default = new
@@ -168,11 +179,14 @@ __all__ = [
     "EmbeddedTransport",
     "HttpTransport",
     "InvalidRequest",
+    "LimitReached",
     "Lock",
     "NotAllowed",
+    "NotFound",
     "Queue",
     "Registry",
     "Set",
+    "TransportError",
     "Unavailable",
     "ValueTooLarge",
     "barrier",

@@ -231,6 +231,37 @@ async def test_collections_over_wss_with_the_ca_file_and_refused_without(hub: Hu
     assert "set O41_ARTIFACTS_CA_FILE to the hub's CA bundle" in str(refused.value)
 
 
+async def test_one_client_checks_the_hub_with_one_ca_file_for_artifacts_and_collections(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: the CA file given once to ``artifacts.Client`` is what its collections
+    check the hub with too (wss, the same connection); without it both sides are refused,
+    with the same error, saying what to set."""
+    from o41 import artifacts, sky
+
+    monkeypatch.setenv("O41_COMPUTE", "job-1")
+    monkeypatch.delenv("O41_ARTIFACTS_CA_FILE", raising=False)
+    place = Place("aws", "us-west-2", "env")
+
+    def both(ca_file: str | None) -> tuple[str, int]:
+        client = artifacts.Client(hub.url, str(hub.token), place=place, ca_file=ca_file)
+        written = client.write(ORG, "one-ca", b"weights")
+        return written.location, client.collections.counter("steps").add(1)
+
+    assert await asyncio.to_thread(both, str(hub.ca.cert_path)) == ("west", 1)
+
+    client = artifacts.Client(hub.url, str(hub.token), place=place)  # the system's CAs
+    refused = []
+    for side in (
+        lambda: client.write(ORG, "one-ca", b"weights"),
+        lambda: client.collections.counter("steps").add(1),
+    ):
+        with pytest.raises(sky.TransportError) as error:
+            await asyncio.to_thread(side)
+        refused.append(str(error.value))
+    assert all("set O41_ARTIFACTS_CA_FILE to the hub's CA bundle" in m for m in refused)
+
+
 def peer_serial(url: str, ca_file: Path) -> int:
     """The serial number of the certificate a new connection to ``url`` is shown."""
     host, port = url.removeprefix("https://").rsplit(":", 1)
