@@ -105,6 +105,31 @@ def test_one_map_from_a_status_for_both_sides() -> None:
     assert errors.service_error(409, "moved", {"current": "v1"}).current == "v1"  # type: ignore[attr-defined]
 
 
+def test_an_error_crosses_a_process_boundary_as_it_was() -> None:
+    """A DataLoader worker's error reaches its parent pickled: the class, the message and
+    what it carries come through (sky's errors did before issue 38; now every one)."""
+    import pickle
+
+    conflict = errors.service_error(409, "tag moved", {"error": "tag moved", "current": "v1"})
+    conflict.resume = "v0"
+    for error in (
+        conflict,
+        errors.service_error(503, "etcd has no majority"),
+        errors.service_error(403, "not this namespace"),
+        artifacts.TransportError("did not answer"),
+        place.PlaceConfigError("O41_ARTIFACTS_CLOUD", "O41_ARTIFACTS_REGION"),
+        artifacts.Damaged("part 2 differs", part=2),
+    ):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert (back.status, dict(back.body), back.resume) == (
+            error.status,
+            dict(error.body),
+            error.resume,
+        )
+    assert pickle.loads(pickle.dumps(conflict)).current == "v1"
+
+
 async def test_a_409_is_one_class_whichever_side_answered_it(service: Service) -> None:
     client = artifacts.Client(service.url, str(service.token), place=PLACE, timeout=30)
 

@@ -80,6 +80,9 @@ class PlaceConfigError(ConfigError):
         self.missing = missing
         super().__init__(f"{present} is set but {missing} is not: set both or neither")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as made (a DataLoader worker's)
+        return type(self), (self.present, self.missing)
+
 
 class CaFileError(ConfigError):
     """The CA bundle for the placement service cannot be read or holds no certificate."""
@@ -114,6 +117,11 @@ class ServiceError(O41Error):
         super().__init__(message)
         self.status = status
         self.body = _EMPTY if body is None else body
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as made (an error raised in a worker process reaches its parent)."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("status", "body")}
+        return type(self), (self.status, str(self), dict(self.body)), state
 
 
 class BadRequest(ServiceError, ValueError):
