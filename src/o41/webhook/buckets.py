@@ -1,7 +1,8 @@
 """The locations' buckets as the service uses them: opened once per location, called in
 threads, signing inline when it needs no network; a bucket's failure is raised as
 ``LocationFailed``, which ``o41.webhook.http.errors`` answers. Writes, reads, retention
-and the sweeper all reach buckets through here.
+and the sweeper all reach buckets through here; a signed request is answered as
+:class:`Signed`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from aiohttp import web
+from typing_extensions import TypedDict
 
 from o41.core.directories import object_key
 from o41.core.writes import signs_locally
@@ -86,7 +88,15 @@ async def bucket_for(app: web.Application, location: Location) -> OpenBucket:
     return app[BUCKETS].of(location, await app[SECRETS].credentials(location))
 
 
-def signed(req: SignedRequest) -> dict[str, Any]:
+class Signed(TypedDict):
+    """A pre-signed request: send it as it is, with these headers."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+
+
+def signed(req: SignedRequest) -> Signed:
     return {"method": req.method, "url": req.url, "headers": dict(req.headers)}
 
 

@@ -4,16 +4,15 @@ issue 32), the downloads signed at once."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from o41.core.directories import FileEntry, check_path, find, object_key
 from o41.core.places import Place, locality
 from o41.kube.locations import Location
-from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
+from o41.webhook.buckets import DOWNLOAD_EXPIRES, Signed, bucket_for, signed
 from o41.webhook.cluster.scope import organization_for
 from o41.webhook.cluster.view import VIEW
+from o41.webhook.directories.answers import FileOut, FileReadOut, FilesOut
 from o41.webhook.http.errors import problem
 from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import manifest
@@ -49,17 +48,17 @@ async def files(
     reader: Place,
     *,
     download: bool,
-) -> dict[str, Any]:
+) -> FilesOut:
     """A directory version's files (path, size, MD5), sorted by path; with ``download``,
     a signed download of each (a read of the whole directory, counted as one)."""
     org, record, tag, entries, location = await _directory(app, caller, organization, artifact, ref)
-    how_far = str(locality(reader, location.cloud, location.region))
-    listed: list[dict[str, Any]] = [{"path": e.path, "size": e.size, "md5": e.md5} for e in entries]
+    how_far = locality(reader, location.cloud, location.region)
+    listed: list[FileOut] = [{"path": e.path, "size": e.size, "md5": e.md5} for e in entries]
     if download:
         opened = await bucket_for(app, location)
         bucket = opened.bucket
 
-        def sign_all() -> list[dict[str, Any]]:
+        def sign_all() -> list[Signed]:
             return [
                 signed(bucket.presign_get(object_key(record.key, e.path), expires=DOWNLOAD_EXPIRES))
                 for e in entries
@@ -67,7 +66,7 @@ async def files(
 
         for row, req in zip(listed, await opened.sign(location.name, sign_all), strict=True):
             row["download"] = req
-        count_read(app, org, reader, how_far, location, record, record.size)
+        count_read(app, org, reader, str(how_far), location, record, record.size)
     return {**located(record, location, how_far, ref, tag), "files": listed}
 
 
@@ -79,7 +78,7 @@ async def read_file(
     ref: str,
     path: str,
     reader: Place,
-) -> dict[str, Any]:
+) -> FileReadOut:
     """One file of a directory version: where it lives, its size and MD5, a download."""
     check_path(path)
     org, record, tag, entries, location = await _directory(app, caller, organization, artifact, ref)
@@ -90,7 +89,7 @@ async def read_file(
             f"version {record.version} of {artifact!r} has no file {path[:200]!r}: `o41 files "
             f"--org {org} --artifact {artifact} --version {record.version}` lists them",
         )
-    how_far = str(locality(reader, location.cloud, location.region))
+    how_far = locality(reader, location.cloud, location.region)
     opened = await bucket_for(app, location)
     download = await opened.sign(
         location.name,
@@ -98,7 +97,7 @@ async def read_file(
             object_key(record.key, entry.path), expires=DOWNLOAD_EXPIRES
         ),
     )
-    count_read(app, org, reader, how_far, location, record, entry.size)
+    count_read(app, org, reader, str(how_far), location, record, entry.size)
     return {
         **located(record, location, how_far, ref, tag),
         "path": entry.path,

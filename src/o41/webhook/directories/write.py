@@ -30,6 +30,7 @@ from o41.kube.api import NAME_PATTERN
 from o41.storage import ObjectStat
 from o41.webhook.buckets import PARALLEL_CHECKS, UPLOAD_EXPIRES, OpenBucket, bucket_for, signed
 from o41.webhook.cluster.scope import ARTIFACT_PATTERN
+from o41.webhook.directories.answers import DirectoryBeginOut, DirectoryCommitOut, SignedFile
 from o41.webhook.http.bodies import Model
 from o41.webhook.http.store import STORE
 from o41.webhook.identity.auth import Caller
@@ -71,7 +72,7 @@ class DirectoryCommitIn(Model):
     tag: str | None = Field(default=None, max_length=200, description="Over begin's tag")
 
 
-async def begin(app: web.Application, caller: Caller, body: DirectoryBeginIn) -> dict[str, Any]:
+async def begin(app: web.Application, caller: Caller, body: DirectoryBeginIn) -> DirectoryBeginOut:
     """Choose the one location of a directory version and sign one upload per file."""
     entries = check_manifest(FileEntry(f.path, f.size, f.md5) for f in body.files)
     metadata = check_metadata(body.metadata)
@@ -83,7 +84,7 @@ async def begin(app: web.Application, caller: Caller, body: DirectoryBeginIn) ->
     opened = await bucket_for(app, location)
     bucket = opened.bucket
 
-    def sign_all() -> list[dict[str, Any]]:
+    def sign_all() -> list[SignedFile]:
         return [
             {
                 "path": e.path,
@@ -112,7 +113,7 @@ async def begin(app: web.Application, caller: Caller, body: DirectoryBeginIn) ->
     )
     await put_pending(app, version, pending.dump(), alone=True)
     count_begin(app, placed)
-    return placed.answer(version, files=uploads)
+    return {**placed.answer(version), "files": uploads, "expiresIn": UPLOAD_EXPIRES}
 
 
 async def _held(
@@ -157,7 +158,7 @@ def _check_files(version: str, entries: list[FileEntry], held: list[ObjectStat |
 
 async def commit(
     app: web.Application, caller: Caller, version: str, body: DirectoryCommitIn
-) -> dict[str, Any]:
+) -> DirectoryCommitOut:
     """Make a directory version readable, once the bucket holds every file as declared:
     its manifest object first (beside its files), then the version and its index key in
     one transaction."""

@@ -3,7 +3,8 @@
 Every status keeps its own meaning: :func:`problem` answers with aiohttp's exception of
 that very status (found by its ``status_code``, whatever arguments its constructor wants),
 or one made for a status aiohttp has no class for; aiohttp's own errors keep their headers
-(a 405's ``Allow``) when the middleware rewrites them as JSON.
+(a 405's ``Allow``) when the middleware rewrites them as JSON. Every refusal's body is an
+:class:`Error`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Annotated
 
 from aiohttp import hdrs, web
+from pydantic import Field
+from typing_extensions import TypedDict, Unpack
 
 from o41 import logs
 from o41.collections.checks import CollectionError
@@ -48,30 +51,68 @@ def _class_for(status: int) -> type[web.HTTPException]:
     return cls
 
 
+class Details(TypedDict, total=False):
+    """What a refusal may say besides its message."""
+
+    location: Annotated[
+        str,
+        Field(description="A 503 of a location's bucket: the location; begin again without it."),
+    ]
+    reason: Annotated[
+        str,
+        Field(
+            description="Why, in CamelCase: a location's bucket failed (a 503 of a location), "
+            "or a token was refused (a 401, or a 503 when the keys to check it are missing)."
+        ),
+    ]
+    trustDomain: Annotated[
+        str | None, Field(description="A refused token's: the trust domain that issued it.")
+    ]
+    claim: Annotated[str | None, Field(description="A refused token's: the claim at fault.")]
+    current: Annotated[
+        str | None,
+        Field(description="A tag's 409: the version it points at now (null: it does not exist)."),
+    ]
+    requestId: Annotated[
+        str,
+        Field(description="The request's id, as in its X-Request-Id header and its log lines."),
+    ]
+
+
+class Error(Details):
+    """A refusal: what was wrong and what to do."""
+
+    error: Annotated[str, Field(description="What was wrong and what to do.")]
+
+
 def problem(
-    status: int, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+    status: int,
+    message: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **details: Unpack[Details],
 ) -> web.HTTPException:
-    """An HTTP error of ``status`` with a JSON body ``{"error": message, ...}`` and
-    ``headers`` (``Retry-After``, ``Allow``), ready to raise. Within a request, the body
-    also names its ``requestId`` (``o41.webhook.http.request_ids``), as its log lines do."""
+    """An HTTP error of ``status`` with a JSON body ``{"error": message, ...}`` (an
+    :class:`Error`) and ``headers`` (``Retry-After``, ``Allow``), ready to raise. Within a
+    request, the body also names its ``requestId`` (``o41.webhook.http.request_ids``), as
+    its log lines do."""
     if not 400 <= status <= 599:
         raise ValueError(f"not an error status: {status}")
     cls = _class_for(status)
+    body: Error = {"error": message, **details}
+    rid = (logs.context.get() or {}).get("request_id")
+    if rid is not None:
+        body["requestId"] = rid
     # past the constructors that want more (a 405's method, a 413's sizes): the base's,
     # which takes its status from the class
     error = cls.__new__(cls)
     web.HTTPException.__init__(
         error,
         headers=dict(headers or {}),
-        text=json.dumps({"error": message, **extra, **_request_id()}),
+        text=json.dumps(body),
         content_type="application/json",
     )
     return error
-
-
-def _request_id() -> dict[str, str]:
-    rid = (logs.context.get() or {}).get("request_id")
-    return {} if rid is None else {"requestId": rid}
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -24,7 +24,7 @@ from o41.core.service_tokens import DOMAIN as SERVICE_DOMAIN
 from o41.core.service_tokens import tenant_of
 from o41.core.trust import KeysUnavailable, TokenRefused
 from o41.webhook import telemetry
-from o41.webhook.http.errors import problem
+from o41.webhook.http.errors import Details, problem
 from o41.webhook.identity.tokens import TokenVerifier
 
 log = logging.getLogger("o41.webhook.auth")  # its name is a log field: kept
@@ -188,11 +188,11 @@ class Authenticator:
 def refused(e: TokenRefused) -> web.HTTPException:
     """A refused token as its answer: 401 with the reason, the trust domain, the claim
     and the fix; 503 when it is the keys that are missing (our side, not the token)."""
-    extra = {"reason": e.reason, "trustDomain": e.trust_domain, "claim": e.claim}
+    details: Details = {"reason": e.reason, "trustDomain": e.trust_domain, "claim": e.claim}
     telemetry.TOKENS_REFUSED.labels(e.reason, e.trust_domain or "").inc()
     if isinstance(e, KeysUnavailable):
-        return problem(503, str(e), headers={"Retry-After": str(RETRY_AFTER)}, **extra)
-    return problem(401, str(e), headers={"WWW-Authenticate": "Bearer"}, **extra)
+        return problem(503, str(e), headers={"Retry-After": str(RETRY_AFTER)}, **details)
+    return problem(401, str(e), headers={"WWW-Authenticate": "Bearer"}, **details)
 
 
 async def review(reviewer: TokenReviewer, token: str) -> Caller | None:

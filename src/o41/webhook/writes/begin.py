@@ -22,16 +22,17 @@ from o41.webhook.cluster.view import VIEW
 from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Pending, new_version
 from o41.webhook.usage.counters import USAGE
+from o41.webhook.writes.answers import BeginOut, PlacedOut, Upload
 from o41.webhook.writes.bodies import BeginIn, PlaceIn
 from o41.webhook.writes.pending import put_pending
 
 
 async def upload(
     opened: OpenBucket, location: str, key: str, plan: UploadPlan, body: BeginIn
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[Upload, str | None]:
     """The signed upload requests of ``plan``, and the multipart upload's id."""
-    bucket = opened.bucket
-    if not plan.multipart:
+    bucket, part_size = opened.bucket, plan.part_size
+    if part_size is None:  # one PUT
         single = await opened.sign(
             location, lambda: bucket.presign_put(key, expires=UPLOAD_EXPIRES, size=body.size)
         )
@@ -43,7 +44,7 @@ async def upload(
         ),
     )
     parts = [signed(p) for p in started.parts]
-    return {"multipart": {"partSize": plan.part_size, "parts": parts}}, started.upload_id
+    return {"multipart": {"partSize": part_size, "parts": parts}}, started.upload_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +73,15 @@ class Placed:
             **more,
         )
 
-    def answer(self, version: str, **uploads: Any) -> dict[str, Any]:
-        """What a begin answers: the version, where it goes and how, its uploads."""
+    def answer(self, version: str) -> PlacedOut:
+        """What every begin answers first: the version, where it goes and why."""
         return {
             "version": version,
             "location": self.location.name,
             "cloud": self.location.cloud,
             "region": self.location.region,
-            "rule": str(self.chosen.rule),
+            "rule": self.chosen.rule,
             "warning": self.chosen.warning,
-            **uploads,
-            "expiresIn": UPLOAD_EXPIRES,
         }
 
 
@@ -116,7 +115,7 @@ def count_begin(app: web.Application, placed: Placed) -> None:
     )
 
 
-async def begin(app: web.Application, caller: Caller, body: BeginIn) -> dict[str, Any]:
+async def begin(app: web.Application, caller: Caller, body: BeginIn) -> BeginOut:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     plan = upload_plan(body.size, body.part_size, body.crc32)
     metadata = check_metadata(body.metadata)
@@ -143,4 +142,4 @@ async def begin(app: web.Application, caller: Caller, body: BeginIn) -> dict[str
     )
     await put_pending(app, version, pending.dump())
     count_begin(app, placed)
-    return placed.answer(version, upload=requests)
+    return {**placed.answer(version), "upload": requests, "expiresIn": UPLOAD_EXPIRES}

@@ -47,12 +47,11 @@ from o41.webhook.records import (
 from o41.webhook.retention import RETENTION
 from o41.webhook.usage.counters import USAGE, location_dims
 from o41.webhook.usage.counts import COUNTS
+from o41.webhook.writes.answers import CommitOut
 from o41.webhook.writes.bodies import CommitIn
 
 
-async def commit(
-    app: web.Application, caller: Caller, version: str, body: CommitIn
-) -> dict[str, Any]:
+async def commit(app: web.Application, caller: Caller, version: str, body: CommitIn) -> CommitOut:
     """Make a version readable, once the bucket really holds what was declared."""
     store = app[STORE]
     c = await to_commit(app, caller, version, body.metadata, body.tag, directory=False)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from aiohttp import web
 
@@ -20,6 +19,7 @@ from o41.webhook.http.errors import problem
 from o41.webhook.http.store import STORE
 from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Pending, pending_key
+from o41.webhook.writes.answers import PartsOut, PresentPart, ProgressOut
 from o41.webhook.writes.batching import BATCHER
 from o41.webhook.writes.bodies import PartsIn
 
@@ -110,10 +110,10 @@ def resign_expires(pending: Pending) -> int:
     return min(UPLOAD_EXPIRES, left)
 
 
-async def progress(app: web.Application, caller: Caller, version: str) -> dict[str, Any]:
+async def progress(app: web.Application, caller: Caller, version: str) -> ProgressOut:
     """A pending write and the parts its bucket holds already: what a resume skips."""
     pending = await pending_of(app, caller, version)
-    present: list[dict[str, Any]] = []
+    present: list[PresentPart] = []
     if pending.upload_id is not None:
         location = app[VIEW].locations.get(pending.location)
         if location is None:
@@ -144,9 +144,7 @@ async def progress(app: web.Application, caller: Caller, version: str) -> dict[s
     }
 
 
-async def resign(
-    app: web.Application, caller: Caller, version: str, body: PartsIn
-) -> dict[str, Any]:
+async def resign(app: web.Application, caller: Caller, version: str, body: PartsIn) -> PartsOut:
     """Fresh upload requests for some parts of a pending multipart write."""
     pending = await pending_of(app, caller, version)
     if pending.upload_id is None:

@@ -3,11 +3,9 @@ reader, sign its download, and count the read (``o41.core.advice`` relies on the
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
-from o41.core.places import Place, locality
+from o41.core.places import Locality, Place, locality
 from o41.kube.locations import Location
 from o41.webhook.buckets import DOWNLOAD_EXPIRES, bucket_for, signed
 from o41.webhook.cluster.scope import organization_for
@@ -17,9 +15,10 @@ from o41.webhook.identity.auth import Caller
 from o41.webhook.records import Version
 from o41.webhook.usage.counters import USAGE, location_dims
 from o41.webhook.versions.refs import resolve
+from o41.webhook.writes.answers import DirectoryReadOut, Located, Parts, ReadOut
 
 
-def parts_json(record: Version) -> dict[str, Any]:
+def parts_json(record: Version) -> Parts:
     """A multipart version's ``partSize`` and ``crc32`` (each part's, base64), when its
     writer sent them: the reader checks each part it downloads whole against them."""
     if not record.crc32 or not record.part_size:
@@ -34,7 +33,7 @@ async def read(
     artifact: str,
     ref: str,
     reader: Place,
-) -> dict[str, Any]:
+) -> ReadOut | DirectoryReadOut:
     """Where a version lives, how far that is from the reader, and a download. ``ref`` is
     a version id, ``latest`` or a tag, resolved here; the answer names the version."""
     org = organization_for(app, organization, caller)
@@ -46,7 +45,7 @@ async def read(
     how_far = locality(reader, location.cloud, location.region)
     if record.files is not None:  # a directory: its files are read one by one, or all
         return {
-            **located(record, location, str(how_far), ref, tag),
+            **located(record, location, how_far, ref, tag),
             "download": None,
             "files": record.files,
         }
@@ -60,7 +59,7 @@ async def read(
         "location": location.name,
         "cloud": location.cloud,
         "region": location.region,
-        "locality": str(how_far),
+        "locality": how_far,
         "size": record.size,
         "md5": record.md5,
         **parts_json(record),
@@ -73,8 +72,8 @@ async def read(
 
 
 def located(
-    record: Version, location: Location, how_far: str, ref: str, tag: str | None
-) -> dict[str, Any]:
+    record: Version, location: Location, how_far: Locality, ref: str, tag: str | None
+) -> Located:
     """What every read answer says of the version it read and where it lives."""
     return {
         "version": record.version,
