@@ -276,7 +276,7 @@ def test_the_report_keeps_only_the_window() -> None:
     week = report(records, prices=PRICES, now_hour=NOW, window="30d")
     assert (day.written.count, week.written.count) == (1, 2)
     assert not report([], prices=PRICES, now_hour=NOW).records
-    assert day.as_json()["writes"]["total"] == {"versions": 1, "bytes": GB, "cost": 0.02}
+    assert day.written.as_json("versions") == {"versions": 1, "bytes": GB, "cost": 0.02}
 
 
 # --- properties ------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def test_daily_records_count_in_the_days_of_their_span() -> None:
     ]
     records = records_from(raw)
     assert [r.daily for r in records] == [True, False, True, False]
-    assert records[0].as_json()["day"] == "2026-03-10" and "hour" not in records[0].as_json()
+    assert (records[0].hour, records[1].hour) == ("2026-03-10", "2026-03-10T03")
     span = window_span(NOW, "7d", hourly_since="2026-02-24T12")
     # the day's record, not the hour already in it; the first day's hour, not its day
     assert sum(r.count("bytes") for r in in_span(records, span)) == 5 + 2

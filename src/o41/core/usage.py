@@ -185,14 +185,6 @@ class Record:
     def count(self, name: str) -> int:
         return self.counts.get(name, 0)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            ("day" if self.daily else "hour"): self.hour,
-            "dims": dict(self.dims),
-            "counts": dict(self.counts),
-        }
-
 
 def records_from(raw: Iterable[Any]) -> list[Record]:
     """The well-formed records of ``raw`` (the store's JSON); others are skipped, since a
@@ -767,24 +759,6 @@ class Report:
     @property
     def left_region(self) -> Tally:
         return sum((p.left_region for p in self.places), Tally())
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "from": self.first_hour,
-            "to": self.last_hour,
-            "summary": self.summary,
-            "saving": self.saving.as_json() if self.saving else None,
-            "writes": {
-                "total": self.written.as_json("versions"),
-                "leftRegion": self.left_region.as_json("versions"),
-                "places": [p.as_json() for p in self.places],
-                "bySource": [s.as_json() for s in self.sources],
-            },
-            "reads": self.reads.as_json(),
-            "cleanup": [c.as_json() for c in self.cleanups],
-            "prices": self.prices.as_json(),
-        }
 
 
 Advise = Callable[[list[Record], list[WriterPlace]], "Saving | None"]

@@ -15,7 +15,6 @@ from typing import Any
 
 from aiohttp import web
 
-from o41 import __version__
 from o41.core.service_tokens import issuer_for
 from o41.kube.service_tokens import SECRET as TOKEN_SECRET
 from o41.kube.trust_keys import own_issuer
@@ -26,6 +25,7 @@ from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.cluster.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.collections import routes as collections
 from o41.webhook.directories import routes as directories_routes
+from o41.webhook.health import healthz, readyz
 from o41.webhook.http import errors, request_ids
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
@@ -151,17 +151,6 @@ async def metrics_listener(app: web.Application) -> AsyncIterator[None]:
     await web.TCPSite(runner, *address).start()
     yield
     await runner.cleanup()
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "version": __version__})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    """Ready once the view has listed Organizations and Locations."""
-    if not request.app[VIEW].synced.is_set():
-        raise errors.problem(503, "not ready: the view of the cluster is still loading")
-    return web.json_response({"status": "ready"})
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from o41.collections.engine import Engine
 from o41.core.jsonlimits import TooDeep, check_depth
 from o41.state import StoreFull, StoreUnavailable
 from o41.webhook import telemetry
+from o41.webhook.collections.answers import CollectionsUsage
 from o41.webhook.collections.quota import FREEING, Quota, cost, sent
 from o41.webhook.collections.service import COLLECTIONS
 from o41.webhook.http.errors import problem
@@ -27,7 +28,8 @@ USAGE_ROUTE = "/v1/collections/usage"
 
 
 async def handle(request: web.Request) -> web.Response:
-    """One operation, POSTed; refusals are answered by ``errors`` with their status."""
+    """One operation, POSTed (its arguments a ``CollectionArgs`` of ``.answers``, which
+    the engine checks); refusals are answered by ``errors`` with their status."""
     body = await request.read()
     try:
         check_depth(body, what="the body")
@@ -106,7 +108,7 @@ async def usage(request: web.Request) -> web.Response:
     return web.json_response(await namespace_usage(quota, auth.caller(request).tenant))
 
 
-async def namespace_usage(quota: Quota, namespace: str) -> dict[str, Any]:
+async def namespace_usage(quota: Quota, namespace: str) -> CollectionsUsage:
     """What ``namespace`` holds and the limits, from a count at most a second old."""
     found = quota.namespaces.get(namespace)
     if found is None or found.counted_at is None or time.monotonic() - found.counted_at > 1:

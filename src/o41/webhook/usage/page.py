@@ -17,10 +17,12 @@ import base64
 import binascii
 import json
 import time
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from aiohttp import web
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from o41.core.advice import page_advice
 from o41.core.organization import Effective
@@ -43,6 +45,7 @@ from o41.webhook.http import errors
 from o41.webhook.http.errors import problem
 from o41.webhook.http.store import STORE
 from o41.webhook.identity import auth
+from o41.webhook.usage.answers import UsageRecordsOut, record_json, report_json
 from o41.webhook.usage.cache import OpenRecords, closed
 from o41.webhook.usage.counters import USAGE, Granularity, flushed, hour, periods
 from o41.webhook.usage.html import error_page, organizations, render, sign_in
@@ -225,7 +228,7 @@ def _cursor(text: str, plan: list[Period]) -> tuple[int, bytes]:
     )
 
 
-async def record_page(request: web.Request, org: str, window: str) -> dict[str, Any]:
+async def record_page(request: web.Request, org: str, window: str) -> UsageRecordsOut:
     """One page of the raw stored records of ``window`` (hourly for the hours before its
     first whole day, daily after), in key order, and the cursor of the next."""
     limit = _limit(request)
@@ -254,7 +257,7 @@ async def record_page(request: web.Request, org: str, window: str) -> dict[str, 
         "window": window,
         "from": span.first_hour,
         "to": span.last_hour,
-        "records": [r.as_json() for r in records_from(json.loads(kv.value) for kv in found)],
+        "records": [record_json(r) for r in records_from(json.loads(kv.value) for kv in found)],
         "next": base64.urlsafe_b64encode(last).decode().rstrip("=") if last else None,
     }
 
@@ -272,7 +275,7 @@ async def usage_json(request: web.Request) -> web.Response:
     if raw == "true":
         return web.json_response(await record_page(request, org.name, window))
     rep = await usage_report(request, org, window)
-    return web.json_response({"organization": org.name, **rep.as_json()})
+    return web.json_response(report_json(org.name, rep))
 
 
 # --- who asks ------------------------------------------------------------------------
@@ -333,9 +336,19 @@ async def page(request: web.Request) -> web.Response:
     return _html(render(org.name, rep))
 
 
+class SignInForm(TypedDict, total=False):
+    """The usage page's sign-in form (``application/x-www-form-urlencoded``)."""
+
+    token: Annotated[str, Field(description="A ServiceAccount token, pasted.")]
+    organization: Annotated[str, Field(description="The page to go to once signed in.")]
+    window: Annotated[str, Field(description="The window to show there.")]
+    signout: Annotated[str, Field(description="Not empty: sign out (forget the cookie).")]
+
+
 @routes.post("/usage")
 async def sign_in_post(request: web.Request) -> web.Response:
-    """Take the pasted token, check it, keep it in a cookie and go to the page."""
+    """Take the pasted token (a :class:`SignInForm`), check it, keep it in a cookie and go
+    to the page."""
     origin = request.headers.get("Origin")
     if origin is not None and origin != f"{request.scheme}://{request.host}":
         return _html(error_page(403, "this form is accepted from the usage page only"), 403)

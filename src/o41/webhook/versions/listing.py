@@ -24,6 +24,7 @@ from o41.webhook.identity.auth import Caller
 from o41.webhook.records import ArtifactRecord as ArtifactRow
 from o41.webhook.records import Version as VersionRecord
 from o41.webhook.records import artifact_key, artifacts_prefix, index_prefix
+from o41.webhook.versions.answers import ArtifactsOut, VersionsOut
 from o41.webhook.versions.refs import check_artifact, version_json
 
 
@@ -50,7 +51,7 @@ async def list_versions(
     artifact: str,
     cursor: str | None,
     limit: int | None,
-) -> dict[str, Any]:
+) -> VersionsOut:
     """One page of an artifact's versions, newest first, and the cursor of the next.
 
     The index is read in windows of ``WINDOW`` sequence numbers from where the page
@@ -109,7 +110,7 @@ async def list_versions(
 
 async def list_artifacts(
     app: web.Application, caller: Caller, organization: str, cursor: str | None, limit: int | None
-) -> dict[str, Any]:
+) -> ArtifactsOut:
     """One page of an organization's artifacts, by name."""
     org = organization_for(app, organization, caller)
     size = page_limit(limit)

@@ -5,7 +5,6 @@ organization must exist and the caller's namespace be one of its namespaces)."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from aiohttp import web
 
@@ -17,6 +16,7 @@ from o41.webhook.identity.auth import Caller
 from o41.webhook.records import ArtifactRecord as ArtifactRow
 from o41.webhook.records import Tag, artifact_key, deleted_key, tag_key, version_key
 from o41.webhook.records import Version as VersionRecord
+from o41.webhook.versions.answers import ResolvedOut, VersionOut
 
 _ARTIFACT = re.compile(ARTIFACT_PATTERN)
 
@@ -30,9 +30,9 @@ def check_artifact(artifact: str) -> str:
     return artifact
 
 
-def version_json(record: VersionRecord, tags: list[str] | None = None) -> dict[str, Any]:
+def version_json(record: VersionRecord) -> VersionOut:
     """A version as listings and tags show it."""
-    found: dict[str, Any] = {
+    found: VersionOut = {
         "version": record.version,
         "location": record.location,
         "size": record.size,
@@ -44,8 +44,6 @@ def version_json(record: VersionRecord, tags: list[str] | None = None) -> dict[s
     }
     if record.files is not None:  # a directory version: how many files
         found["files"] = record.files
-    if tags is not None:
-        found["tags"] = tags
     return found
 
 
@@ -119,7 +117,7 @@ def deleted_by_retention(organization: str, artifact: str, version: str) -> web.
 
 async def describe(
     app: web.Application, caller: Caller, organization: str, artifact: str, ref: str
-) -> dict[str, Any]:
+) -> ResolvedOut:
     """The version a reference names, without a download (``o41 tag``, the SDK's resolve)."""
     org = organization_for(app, organization, caller)
     record, tag = await resolve(app, org.name, artifact, ref)

@@ -7,7 +7,6 @@ transaction and before the answer (``o41.webhook.ledger``), for a rebuild of etc
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 from pydantic import Field
@@ -23,6 +22,7 @@ from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import write_entry
 from o41.webhook.records import Tag, tag_key, tags_prefix, version_key
 from o41.webhook.records import Version as VersionRecord
+from o41.webhook.versions.answers import TagDeleted, TagMoved, TagOut, TagsOut
 from o41.webhook.versions.refs import check_artifact, deleted_by_retention, resolve
 
 
@@ -35,13 +35,13 @@ class TagIn(Model):
     expected: str | None = Field(default=None, max_length=200)
 
 
-def _tag_json(artifact: str, tag: str, record: Tag) -> dict[str, Any]:
+def _tag_json(artifact: str, tag: str, record: Tag) -> TagOut:
     return {"artifact": artifact, "tag": tag, "version": record.version, "set": record.set}
 
 
 async def list_tags(
     app: web.Application, caller: Caller, organization: str, artifact: str
-) -> dict[str, Any]:
+) -> TagsOut:
     org = organization_for(app, organization, caller)
     check_artifact(artifact)
     prefix = tags_prefix(org.name, artifact)
@@ -73,7 +73,7 @@ async def move_tag(
     artifact: str,
     tag: str,
     body: TagIn,
-) -> dict[str, Any]:
+) -> TagMoved:
     """Point ``tag`` at a version, by compare-and-set when the body says what it expects."""
     org = organization_for(app, organization, caller)
     check_artifact(artifact)
@@ -136,7 +136,7 @@ async def delete_tag(
     artifact: str,
     tag: str,
     expected: str | None,
-) -> dict[str, Any]:
+) -> TagDeleted:
     """Delete a tag (only if it points at ``expected``, when given)."""
     org = organization_for(app, organization, caller)
     check_artifact(artifact)
