@@ -1,335 +1,77 @@
 """The service's OpenAPI document: every route, its bodies and its answers.
 
-Request schemas come from the very models the views validate with; answers from the
-models below, which exist for this document only. The suite checks the document with an
-OpenAPI validator and fuzzes the running service against it (schemathesis), so a view
-whose answer drifts from its schema fails a test.
+Each body and answer is described once, next to the capability that takes or answers it:
+the request bodies are the pydantic models the views validate with
+(``o41.webhook.writes.bodies``...), the answers the TypedDicts the views build
+(``o41.webhook.writes.answers``, ``versions.answers``, ``directories.answers``,
+``usage.answers``, ``collections.answers``, ``health``, ``buckets.Signed``,
+``http.errors.Error``): plain dicts at runtime, their keys checked by mypy. Their schemas
+here are pydantic's, so a field added to a model is in the views' answers and in this
+document at once. Only the paths and operations are written here. An answer may carry
+fields a later version adds: clients ignore the ones they do not know. The suite checks
+the document with an OpenAPI validator, checks that the service answers exactly these
+schemas, and fuzzes the running service against it (schemathesis).
 """
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import models_json_schema
+from pydantic import TypeAdapter
 
 from o41 import __version__
 from o41.core.usage import DEFAULT_WINDOW, WINDOWS
+from o41.webhook.collections.answers import CollectionArgs, CollectionOut, CollectionsUsage
+from o41.webhook.directories.answers import (
+    DirectoryBeginOut,
+    DirectoryCommitOut,
+    FileReadOut,
+    FilesOut,
+)
 from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
+from o41.webhook.health import Health
+from o41.webhook.http.errors import Error
+from o41.webhook.usage.answers import UsageOut, UsageRecordsOut
+from o41.webhook.usage.page import SignInForm
+from o41.webhook.versions.answers import (
+    ArtifactsOut,
+    ResolvedOut,
+    TagDeleted,
+    TagMoved,
+    TagsOut,
+    VersionsOut,
+)
 from o41.webhook.versions.tags import TagIn
+from o41.webhook.writes.answers import (
+    BeginOut,
+    CommitOut,
+    DirectoryReadOut,
+    PartsOut,
+    ProgressOut,
+    ReadOut,
+)
 from o41.webhook.writes.bodies import BeginIn, CommitIn, PartsIn
 
 REF = "#/components/schemas/{model}"
 
-
-class Out(BaseModel):
-    """An answer: more fields may come in later versions, so clients ignore the unknown."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class Error(Out):
-    error: str = Field(description="What was wrong and what to do.")
-    request_id: str | None = Field(
-        default=None,
-        alias="requestId",
-        description="The request's id, as in its X-Request-Id header and its log lines.",
-    )
-
-
-class Signed(Out):
-    """A pre-signed request: send it as it is, with these headers."""
-
-    method: str
-    url: str
-    headers: dict[str, str]
-
-
-class Multipart(Out):
-    part_size: int = Field(alias="partSize")
-    parts: list[Signed]
-
-
-class Upload(Out):
-    """Exactly one of ``single`` (one PUT) or ``multipart`` (one PUT per part)."""
-
-    single: Signed | None = None
-    multipart: Multipart | None = None
-
-
-class BeginOut(Out):
-    version: str
-    location: str
-    cloud: str
-    region: str
-    rule: Literal["region", "cloud", "fallback"]
-    warning: str | None
-    upload: Upload
-    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
-
-
-class PresentPart(Out):
-    number: int
-    size: int
-    etag: str | None = Field(description="As the part's PUT answered it; null on Azure.")
-    crc32: str | None = Field(description="The part's CRC32 where the bucket checked one.")
-
-
-class ProgressOut(Out):
-    """A pending write and the parts its bucket holds: a resume sends only the others."""
-
-    version: str
-    organization: str
-    artifact: str
-    location: str
-    rule: str
-    size: int | None
-    multipart: bool
-    part_size: int | None = Field(alias="partSize")
-    parts: int = Field(description="How many parts the write has in all.")
-    crc32: list[str] | None = Field(
-        description="Each part's CRC32 as its writer recorded it at begin (null: none sent); "
-        "a resume refuses a file whose parts differ."
-    )
-    present: list[PresentPart]
-    expires_in: int = Field(alias="expiresIn", description="Seconds left to commit it.")
-
-
-class SignedPart(Signed):
-    number: int
-
-
-class PartsOut(Out):
-    version: str
-    parts: list[SignedPart]
-    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
-
-
-class CommitOut(Out):
-    version: str
-    location: str
-    size: int
-    md5: str | None
-    tag: str | None = Field(description="The tag moved to this version, if any.")
-
-
-class ReadOut(Out):
-    version: str
-    location: str
-    cloud: str
-    region: str
-    locality: Literal["local", "cross-region", "cross-cloud"]
-    size: int
-    md5: str | None
-    part_size: int | None = Field(
-        None,
-        alias="partSize",
-        description="A multipart version's part size, when its parts' CRC32s are recorded.",
-    )
-    crc32: list[str] | None = Field(
-        None,
-        description="Each part's CRC32 (base64, big-endian) as written: a reader checks "
-        "every part it downloads whole. Absent for single-PUT versions (use md5).",
-    )
-    download: Signed | None = Field(
-        description="Null for a directory version: read its files (the files route)."
-    )
-    requested: str = Field(description="The reference asked for: an id, 'latest' or a tag.")
-    tag: str | None = Field(description="The tag it resolved, when it was one.")
-    committed: float
-    metadata: dict[str, Any]
-    files: int | None = Field(None, description="A directory version's number of files.")
-
-
-class SignedFile(Signed):
-    path: str
-
-
-class DirectoryBeginOut(Out):
-    version: str
-    location: str
-    cloud: str
-    region: str
-    rule: Literal["region", "cloud", "fallback"]
-    warning: str | None
-    files: list[SignedFile] = Field(description="One PUT per file, in the manifest's order.")
-    expires_in: int = Field(alias="expiresIn", description="Seconds the upload URLs last.")
-
-
-class DirectoryCommitOut(CommitOut):
-    files: int
-
-
-class FileOut(Out):
-    path: str
-    size: int
-    md5: str
-    download: Signed | None = Field(None, description="With download=true.")
-
-
-class FilesOut(Out):
-    """A directory version's files, sorted by path, and where they live."""
-
-    version: str
-    location: str
-    cloud: str
-    region: str
-    locality: Literal["local", "cross-region", "cross-cloud"]
-    size: int = Field(description="Of all its files.")
-    requested: str
-    tag: str | None
-    committed: float
-    metadata: dict[str, Any]
-    files: list[FileOut]
-
-
-class FileReadOut(ReadOut):
-    path: str
-
-
-class Writer(Out):
-    cloud: str | None
-    region: str | None
-    source: str
-
-
-class VersionOut(Out):
-    version: str
-    location: str
-    size: int
-    md5: str | None
-    committed: float = Field(description="Seconds since the epoch.")
-    writer: Writer
-    rule: str
-    metadata: dict[str, Any]
-    files: int | None = Field(None, description="A directory version's number of files.")
-
-
-class VersionsOut(Out):
-    """One page, newest first; ``next`` is the cursor of the following page (null: last)."""
-
-    organization: str
-    artifact: str
-    versions: list[VersionOut]
-    next: str | None
-    keep_versions: int | None = Field(
-        alias="keepVersions",
-        description="how many of the newest versions the organization's retention rule for "
-        "this artifact keeps (tagged ones are kept too); null: no rule, every version is kept",
-    )
-
-
-class ArtifactOut(Out):
-    artifact: str
-    last_version: str = Field(alias="lastVersion")
-    last_committed: float = Field(alias="lastCommitted")
-
-
-class ArtifactsOut(Out):
-    organization: str
-    artifacts: list[ArtifactOut]
-    next: str | None
-
-
-class TagOut(Out):
-    artifact: str
-    tag: str
-    version: str
-    set: float
-
-
-class TagMoved(TagOut):
-    previous: str | None
-
-
-class TagsOut(Out):
-    organization: str
-    artifact: str
-    tags: list[TagOut]
-
-
-class TagDeleted(Out):
-    artifact: str
-    tag: str
-    deleted: str
-
-
-class ResolvedOut(VersionOut):
-    requested: str
-    tag: str | None
-
-
-class UsageRecord(Out):
-    """A stored counter record: of one hour (``hour``) or one day (``day``), UTC."""
-
-    kind: str
-    hour: str | None = Field(None, description="YYYY-MM-DDTHH, on an hourly record.")
-    day: str | None = Field(None, description="YYYY-MM-DD, on a daily record.")
-    dims: dict[str, str]
-    counts: dict[str, int]
-
-
-class UsageOut(Out):
-    """Both answers of the usage page for the window (``summary``, ``saving``, ``writes``,
-    ``reads``, ``prices``); with ``records=true``, a page of the window's raw counter
-    records instead (``records``, ``next``)."""
-
-    organization: str
-    window: Literal["24h", "7d", "30d"]
-    from_: str = Field(alias="from", description="The window's first hour, YYYY-MM-DDTHH.")
-    to: str = Field(description="The window's last hour (this one).")
-    summary: str | None = Field(None, description="Where a new location pays, in words.")
-    saving: dict[str, Any] | None = Field(
-        None, description="The region the summary names, what it keeps and saves, net."
-    )
-    writes: dict[str, Any] | None = None
-    reads: dict[str, Any] | None = None
-    cleanup: list[dict[str, Any]] | None = Field(
-        None,
-        description="Per location: the uploads of expired writes (abandoned, aborted, "
-        "notAborted: uploads and the bytes their writes declared) and the versions "
-        "retention deleted (versions, bytes).",
-    )
-    prices: dict[str, Any] | None = None
-    records: list[UsageRecord] | None = Field(
-        None, description="With records=true: a page of the window's raw records."
-    )
-    next: str | None = Field(
-        None, description="With records=true: the cursor of the next page; null on the last."
-    )
-
-
-class CollectionOut(Out):
-    """The operation's result: its fields depend on the operation (see docs/collections.md)."""
-
-
-class CollectionsUsage(Out):
-    """The caller's namespace's collections against its limits."""
-
-    namespace: str
-    bytes: int
-    entries: int
-    limits: dict[str, int]
-
-
-class Health(Out):
-    status: str
-
-
-_MODELS: list[type[BaseModel]] = [
+#: Every body and answer of the document, a component schema each (and the ones they use).
+MODELS: tuple[Any, ...] = (
     BeginIn,
     CommitIn,
     PartsIn,
     TagIn,
     DirectoryBeginIn,
     DirectoryCommitIn,
+    CollectionArgs,
+    SignInForm,
     Error,
     BeginOut,
     ProgressOut,
     PartsOut,
     CommitOut,
     ReadOut,
+    DirectoryReadOut,
     DirectoryBeginOut,
     DirectoryCommitOut,
     FilesOut,
@@ -341,10 +83,22 @@ _MODELS: list[type[BaseModel]] = [
     TagDeleted,
     ResolvedOut,
     UsageOut,
+    UsageRecordsOut,
     CollectionOut,
     CollectionsUsage,
     Health,
-]
+)
+
+
+def schemas(models: tuple[Any, ...] = MODELS) -> dict[str, Any]:
+    """The component schemas of ``models`` (pydantic's JSON schemas, named by the models'
+    names), and of every model they use."""
+    _, defs = TypeAdapter.json_schemas(
+        [(m, "validation", TypeAdapter(m)) for m in models], ref_template=REF
+    )
+    found: dict[str, Any] = defs["$defs"]
+    return found
+
 
 COLLECTION_KINDS = ("dict", "set", "registry", "counter", "queue", "barrier", "lock")
 ERRORS = (400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 503)
@@ -359,15 +113,19 @@ HTML_ANSWERS = (
 )
 
 
-def _ref(model: type[BaseModel]) -> dict[str, str]:
+def _ref(model: Any) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
+
+
+def _either(*models: Any) -> dict[str, Any]:
+    return {"anyOf": [_ref(m) for m in models]}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _body(model: type[BaseModel]) -> dict[str, Any]:
+def _body(model: Any) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
 
 
@@ -375,8 +133,10 @@ def _refused() -> dict[str, Any]:
     return _json(_ref(Error), "refused: the body says what was wrong and what to do")
 
 
-def _answers(code: int, model: type[BaseModel], description: str) -> dict[str, Any]:
-    return {str(code): _json(_ref(model), description), **{str(c): _refused() for c in ERRORS}}
+def _answers(code: int, schema: Any, description: str) -> dict[str, Any]:
+    """``schema``: a model, or a schema (``_either``)."""
+    answer = schema if isinstance(schema, dict) else _ref(schema)
+    return {str(code): _json(answer, description), **{str(c): _refused() for c in ERRORS}}
 
 
 def _path(*names: str) -> list[dict[str, Any]]:
@@ -410,30 +170,8 @@ def _page() -> list[dict[str, Any]]:
     ]
 
 
-def _collection_args() -> dict[str, Any]:
-    """The union of every operation's arguments; which apply depends on the operation."""
-    return {
-        "type": "object",
-        "properties": {
-            "key": {"type": "string", "description": "A key in its canonical text."},
-            "value": {"type": "string", "contentEncoding": "base64"},
-            "consistency": {"enum": ["strong", "eventual"]},
-            "n": {"type": "integer", "description": "A counter's increment."},
-            "parties": {"type": "integer", "minimum": 1},
-            "participant": {"type": "string"},
-            "owner": {"type": "string"},
-            "ttl": {"type": "integer", "minimum": 1},
-            "timeout": {"type": "number", "minimum": 0},
-            "final": {"type": "boolean"},
-        },
-    }
-
-
 @cache
 def document() -> dict[str, Any]:
-    _, defs = models_json_schema(
-        [(m, "validation") for m in _MODELS], ref_template=REF, by_alias=True
-    )
     plain: list[dict[str, list[str]]] = []  # no authentication
     return {
         "openapi": "3.1.0",
@@ -446,7 +184,7 @@ def document() -> dict[str, Any]:
                     "description": "The pod's ServiceAccount token (checked by TokenReview).",
                 }
             },
-            "schemas": defs["$defs"],
+            "schemas": schemas(),
         },
         "security": [{"pod": []}],
         "paths": {
@@ -540,7 +278,11 @@ def document() -> dict[str, Any]:
                     "its locality, a download; the answer names the version it read",
                     "parameters": _path("organization", "artifact", "version")
                     + _query("cloud", "region", "source"),
-                    "responses": _answers(200, ReadOut, "the version"),
+                    "responses": _answers(
+                        200,
+                        _either(ReadOut, DirectoryReadOut),
+                        "the version: a file's, with its download, or a directory's",
+                    ),
                 }
             },
             "/v1/directories": {
@@ -630,7 +372,11 @@ def document() -> dict[str, Any]:
                             "schema": {"type": "string"},
                         },
                     ],
-                    "responses": _answers(200, UsageOut, "the usage of the window"),
+                    "responses": _answers(
+                        200,
+                        _either(UsageOut, UsageRecordsOut),
+                        "the usage of the window, or a page of its records",
+                    ),
                 }
             },
             "/v1/collections/{compute}/{kind}/{name}/{op}": {
@@ -650,7 +396,7 @@ def document() -> dict[str, Any]:
                     ],
                     "requestBody": {
                         "required": False,
-                        "content": {"application/json": {"schema": _collection_args()}},
+                        "content": {"application/json": {"schema": _ref(CollectionArgs)}},
                     },
                     "responses": _answers(200, CollectionOut, "the operation's result"),
                 }
@@ -693,15 +439,7 @@ def document() -> dict[str, Any]:
                     "requestBody": {
                         "required": True,
                         "content": {
-                            "application/x-www-form-urlencoded": {
-                                "schema": {
-                                    "type": "object",
-                                    "properties": {
-                                        k: {"type": "string"}
-                                        for k in ("token", "organization", "window", "signout")
-                                    },
-                                }
-                            }
+                            "application/x-www-form-urlencoded": {"schema": _ref(SignInForm)}
                         },
                     },
                     "responses": {
