@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 from o41.client import directories as _directories
-from o41.client.artifacts import Artifacts
+from o41.client.artifacts import Artifacts, CacheSetting
 from o41.client.connection import Connection, connection_of
 from o41.client.errors import (
     ArtifactError,
@@ -56,7 +56,7 @@ from o41.client.errors import (
     Unauthorized,
     Unavailable,
 )
-from o41.client.reads import RangeReader
+from o41.client.progress import Callback
 from o41.core.places import Place
 
 if TYPE_CHECKING:
@@ -220,10 +220,12 @@ class ArtifactInfo:
 
 
 class VersionFile(io.BufferedReader):
-    """A version open for reading: bytes come from the bucket as they are read (seekable,
-    with a ranged GET after a seek). ``version`` is the one that was opened."""
+    """A version open for reading: from this node's cache (fetched into it first), or
+    without one from the bucket as they are read (seekable, with a ranged GET after a
+    seek). ``version`` is the one that was opened; ``locality`` is ``cached`` when the
+    bytes were here already."""
 
-    def __init__(self, raw: RangeReader, found: Mapping[str, Any]) -> None:
+    def __init__(self, raw: io.RawIOBase, found: Mapping[str, Any]) -> None:
         super().__init__(raw, buffer_size=1024 * 1024)
         self.version: str = found["version"]
         self.tag: str | None = found.get("tag")
@@ -244,6 +246,10 @@ class Client:
     ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots) make its
     ``o41.client.connection.Connection``; or give ``connection``, one made already (then
     none of the others). :attr:`collections` are ``sky``'s over the same connection.
+
+    ``cache``: this node's cache of the versions it read (``o41.client.cache``): None
+    (default) for ``$O41_ARTIFACTS_CACHE``'s (by default ``~/.cache/o41/artifacts``, or
+    under ``$XDG_CACHE_HOME``; ``off`` for none), a folder, or False for none.
     """
 
     def __init__(
@@ -255,6 +261,7 @@ class Client:
         ca_file: str | None = None,
         *,
         connection: Connection | None = None,
+        cache: CacheSetting = None,
     ) -> None:
         connection = connection_of(
             connection,
@@ -264,7 +271,7 @@ class Client:
             timeout=timeout,
             ca_file=ca_file,
         )
-        self._api = Artifacts(connection=connection)
+        self._api = Artifacts(connection=connection, cache=cache)
         self._collections: _collections.Client | None = None
         self._collections_lock = threading.Lock()
 
@@ -302,6 +309,7 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
         resume: str | None = None,
+        callback: Callback | None = None,
     ) -> Written:
         """Write ``source`` as a new version: a path (uploaded without a copy, in parallel
         parts when large; a directory is one version of all its files, uploaded in
@@ -310,17 +318,31 @@ class Client:
         size). ``metadata``: small JSON key/values kept with the version (at most 64 keys,
         8 KiB). ``tag``: moved to this version when it commits. ``resume``: the version id
         of a write of the same source in parts that did not finish (the log of the pod
-        that began it names it): only the parts the bucket lacks are sent."""
+        that began it names it): only the parts the bucket lacks are sent. ``callback``
+        (an ``fsspec.callbacks.Callback``, or anything with ``set_size`` and
+        ``relative_update``): told the size, then the bytes as they go; no bar then."""
         api = self._api
 
         def write_bytes(data: bytes | bytearray | memoryview) -> Any:
             return api.write_bytes(
-                organization, artifact, data, metadata=metadata, tag=tag, resume=resume
+                organization,
+                artifact,
+                data,
+                metadata=metadata,
+                tag=tag,
+                resume=resume,
+                callback=callback,
             )
 
         def write_path(path: str | Path) -> Any:
             return api.write(
-                organization, artifact, path, metadata=metadata, tag=tag, resume=resume
+                organization,
+                artifact,
+                path,
+                metadata=metadata,
+                tag=tag,
+                resume=resume,
+                callback=callback,
             )
 
         if isinstance(source, bytes | bytearray | memoryview):
@@ -331,7 +353,7 @@ class Client:
                 if resume is not None:
                     raise Error(f"{path} is a directory: a directory's write does not resume")
                 d = _directories.write_dir(
-                    api, organization, artifact, path, metadata=metadata, tag=tag
+                    api, organization, artifact, path, metadata=metadata, tag=tag, callback=callback
                 )
                 return Written(d.version, d.location, d.rule, d.warning, d.size, d.tag, d.files)
             w = write_path(path)
@@ -352,24 +374,47 @@ class Client:
     # --- read --------------------------------------------------------------------------
 
     def read(
-        self, organization: str, artifact: str, version: str, path: str | os.PathLike[str]
+        self,
+        organization: str,
+        artifact: str,
+        version: str,
+        path: str | os.PathLike[str],
+        *,
+        callback: Callback | None = None,
     ) -> Read:
         """Download ``version`` (an id, ``"latest"`` or a tag) to ``path``, written whole
         or not at all; large versions come as parallel ranges. A directory version is
-        read to the directory ``path`` (new or empty), its files in parallel."""
-        r, count = _directories.read_any(self._api, organization, artifact, version, Path(path))
+        read to the directory ``path`` (new or empty), its files in parallel. Through this
+        node's cache (``cache``): a version read here before costs no fetch
+        (``Read.locality`` is ``cached``). A download that stops goes on from the bytes it
+        has; one that fails keeps them (``path.o41-partial``) for the next read.
+        ``callback``: as :meth:`write`'s."""
+        r, count = _directories.read_any(
+            self._api, organization, artifact, version, Path(path), callback=callback
+        )
         return Read(r.version, r.location, r.locality, r.size, r.tag, count)
 
     def read_bytes(
-        self, organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+        self,
+        organization: str,
+        artifact: str,
+        version: str = LATEST,
+        *,
+        path: str | None = None,
+        callback: Callback | None = None,
     ) -> bytes:
         """A version's bytes (checked against its size, and MD5 when known); ``path``:
         one file of a directory version. To know which version ``"latest"`` was, use
-        :meth:`open` (its ``version``) or :meth:`resolve` first and read by id."""
+        :meth:`open` (its ``version``) or :meth:`resolve` first and read by id.
+        ``callback``: as :meth:`write`'s."""
         if path is not None:
             with self.open(organization, artifact, version, path=path) as f:
-                return f.read()
-        data, _ = self._api.read_bytes(organization, artifact, version)
+                data: bytes = f.read()
+            if callback is not None:
+                callback.set_size(len(data))
+                callback.relative_update(len(data))
+            return data
+        data, _ = self._api.read_bytes(organization, artifact, version, callback=callback)
         return data
 
     def read_range(
@@ -384,19 +429,16 @@ class Client:
     def open(
         self, organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
     ) -> VersionFile:
-        """A version as a seekable binary file object; reading starts at once, before
-        the whole version is down (``torch.load(f)``, ``tarfile.open(fileobj=f)``).
-        ``path``: one file of a directory version."""
+        """A version as a seekable binary file object (``torch.load(f)``,
+        ``tarfile.open(fileobj=f)``). Through this node's cache: a version not there yet is
+        fetched into it whole first (in parallel ranges), then read from there; without a
+        cache, reading starts at once, before the whole version is down (ranged GETs as it
+        is read). ``path``: one file of a directory version."""
         if path is not None:
             raw, found = _directories.open_file(self._api, organization, artifact, version, path)
             return VersionFile(raw, found)
-        found = self._api.locate(organization, artifact, version)
-        if found.get("download") is None and found.get("files") is not None:
-            raise Error(
-                f"version {found['version']} of {artifact!r} is a directory of "
-                f"{found['files']} files: open one with path=..., or read it to a directory"
-            )
-        return VersionFile(RangeReader(found, self._api.timeout), found)
+        raw, found = self._api.open(organization, artifact, version)
+        return VersionFile(raw, found)
 
     def read_file(
         self,
@@ -405,9 +447,14 @@ class Client:
         version: str,
         path: str,
         output: str | os.PathLike[str],
+        *,
+        callback: Callback | None = None,
     ) -> Read:
-        """One file (``path``) of a directory version to ``output``, whole or not at all."""
-        r = _directories.read_file(self._api, organization, artifact, version, path, output)
+        """One file (``path``) of a directory version to ``output``, whole or not at all
+        (through the cache, and going on from its bytes, as :meth:`read`)."""
+        r = _directories.read_file(
+            self._api, organization, artifact, version, path, output, callback=callback
+        )
         return Read(r.version, r.location, r.locality, r.size, r.tag)
 
     def files(self, organization: str, artifact: str, version: str = LATEST) -> Directory:
@@ -523,12 +570,15 @@ def configure(
     ca_file: str | None = None,
     *,
     connection: Connection | None = None,
+    cache: CacheSetting = None,
 ) -> Client:
     """Make the client the module's functions use (by default: on first use, from the
     environment), as :class:`Client` takes its settings."""
     global _default
     with _lock:
-        _default = Client(endpoint, token_file, place, timeout, ca_file, connection=connection)
+        _default = Client(
+            endpoint, token_file, place, timeout, ca_file, connection=connection, cache=cache
+        )
         return _default
 
 
@@ -548,23 +598,36 @@ def write(
     metadata: Mapping[str, Any] | None = None,
     tag: str | None = None,
     resume: str | None = None,
+    callback: Callback | None = None,
 ) -> Written:
     """:meth:`Client.write` on the default client."""
     return _client().write(
-        organization, artifact, source, metadata=metadata, tag=tag, resume=resume
+        organization, artifact, source, metadata=metadata, tag=tag, resume=resume, callback=callback
     )
 
 
-def read(organization: str, artifact: str, version: str, path: str | os.PathLike[str]) -> Read:
+def read(
+    organization: str,
+    artifact: str,
+    version: str,
+    path: str | os.PathLike[str],
+    *,
+    callback: Callback | None = None,
+) -> Read:
     """:meth:`Client.read` on the default client."""
-    return _client().read(organization, artifact, version, path)
+    return _client().read(organization, artifact, version, path, callback=callback)
 
 
 def read_bytes(
-    organization: str, artifact: str, version: str = LATEST, *, path: str | None = None
+    organization: str,
+    artifact: str,
+    version: str = LATEST,
+    *,
+    path: str | None = None,
+    callback: Callback | None = None,
 ) -> bytes:
     """:meth:`Client.read_bytes` on the default client."""
-    return _client().read_bytes(organization, artifact, version, path=path)
+    return _client().read_bytes(organization, artifact, version, path=path, callback=callback)
 
 
 def read_range(organization: str, artifact: str, version: str, start: int, length: int) -> bytes:
@@ -580,10 +643,16 @@ def open(
 
 
 def read_file(
-    organization: str, artifact: str, version: str, path: str, output: str | os.PathLike[str]
+    organization: str,
+    artifact: str,
+    version: str,
+    path: str,
+    output: str | os.PathLike[str],
+    *,
+    callback: Callback | None = None,
 ) -> Read:
     """:meth:`Client.read_file` on the default client."""
-    return _client().read_file(organization, artifact, version, path, output)
+    return _client().read_file(organization, artifact, version, path, output, callback=callback)
 
 
 def files(organization: str, artifact: str, version: str = LATEST) -> Directory:

@@ -24,10 +24,17 @@ Registered for fsspec by the entry point ``fsspec.specs: o41`` (pyproject.toml),
 connection comes from the environment as for the SDK (``$O41_ARTIFACTS_ENDPOINT``, the
 pod's token, the place detected once), or from ``endpoint=``, ``token_file=`` and
 ``place=`` (storage options).
+
+Through this node's cache of versions (``o41.client.cache``; ``cache=`` as the SDK's
+client takes it, by default ``$O41_ARTIFACTS_CACHE``'s): a file whose version is there is
+read from it (no request to the bucket); ``cat_file`` of a whole file and ``get_file``
+fetch the file into it; ``open`` of a file not there reads ranges from the bucket as
+before, without filling the cache (a Parquet reader wants a few columns, not the file).
 """
 
 from __future__ import annotations
 
+import http.client
 import io
 import os
 import re
@@ -36,16 +43,21 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from fsspec import AbstractFileSystem
 from fsspec.caching import ReadAheadCache
+from fsspec.callbacks import NoOpCallback
 from fsspec.spec import AbstractBufferedFile
 
-from o41.client.artifacts import Artifacts, Written
+from o41.client.artifacts import Artifacts, CacheSetting, Written
+from o41.client.cache import Bypass, Got, copy
 from o41.client.directories import listing, locate_file
 from o41.client.errors import ArtifactError, NotFound, O41Error
+from o41.client.progress import Callback, Progress
+from o41.client.reads import ATTEMPTS, Relocate, backoff, download
 from o41.client.transfers import Pool
 from o41.core.directories import FileEntry, children, entries_of, find, is_folder
 from o41.core.places import Place
@@ -98,12 +110,15 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
         place: Place | Mapping[str, Any] | None = None,
         timeout: float = 60.0,
         ca_file: str | None = None,
+        cache: CacheSetting = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if isinstance(place, Mapping):
             place = Place(place.get("cloud"), place.get("region"), place.get("source", "none"))
-        self.api = Artifacts(endpoint, token_file, place=place, timeout=timeout, ca_file=ca_file)
+        self.api = Artifacts(
+            endpoint, token_file, place=place, timeout=timeout, ca_file=ca_file, cache=cache
+        )
         self._manifests: OrderedDict[tuple[str, str, str], list[FileEntry]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -260,12 +275,19 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> Any:
         if "r" in mode:
-            found = self.locate(path)
+            local: Any = None
+            here = self._from_cache(path, fill=False)
+            if here is not None:
+                got, found = here
+                local = got.file
+            else:
+                found = self.locate(path)
             pinned = self._name(*self._pinned(path, found["version"]))
             return O41File(
                 self,
                 pinned,
                 found,
+                local=local,
                 mode=mode,
                 block_size=block_size or BLOCK_SIZE,
                 cache_options=cache_options,
@@ -292,9 +314,74 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
         assert artifact is not None
         return org, artifact, version, inner
 
+    def _from_cache(
+        self, path: str, *, fill: bool, progress: Callable[[int], None] | None = None
+    ) -> tuple[Got, dict[str, Any]] | None:
+        """The file ``path`` names from the node's cache, and what the service says of it;
+        None without a cache, when it is not there (``fill``: fetched into it first) or
+        is larger than the cache holds (:class:`Bypass`, with the read answer to use)."""
+        cache = self.api.cache
+        if cache is None:
+            return None
+        org, artifact, ref, inner = parse(self._strip_protocol(path))
+        if artifact is None:
+            raise IsADirectoryError(f"{path} is an organization")
+        named = self._version(org, artifact, ref)
+        version = named["version"]
+        if inner:
+            entry = find(self._manifest(org, artifact, version), inner)
+            if entry is None:
+                return None  # a folder, or nothing: locate says which
+            expect = {"size": entry.size, "md5": entry.md5}
+            pinned = version
+
+            def locate() -> Mapping[str, Any]:
+                return {**locate_file(self.api, org, artifact, pinned, inner), "path": inner}
+
+        else:
+            if named.get("files") is not None:
+                return None
+            expect = named
+
+            def locate() -> Mapping[str, Any]:
+                return self.api.locate(org, artifact, version)
+
+        about = {**named, "size": expect["size"], "md5": expect["md5"], "path": inner or None}
+        if not fill:
+            held = cache.entry(org, artifact, version, inner).peek(expect)
+            if held is None:
+                return None
+            return Got(held, int(about["size"]), True), {**about, "locality": "cached"}
+        got = self.api.cached(
+            org, artifact, version, locate, path=inner, expect=expect, progress=progress
+        )
+        if got is None:
+            return None
+        locality = "cached" if got.hit or got.found is None else got.found["locality"]
+        return got, {**about, "locality": locality}
+
+    def _relocator(self, path: str, found: Mapping[str, Any]) -> Relocate:
+        org, artifact, _, inner = parse(self._strip_protocol(path))
+        assert artifact is not None
+        if inner:
+            return lambda: {
+                **locate_file(self.api, org, artifact, found["version"], inner),
+                "path": inner,
+            }
+        return self.api.relocator(org, artifact, found["version"])
+
     def cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
+        if start is None and end is None and self.api.cache is not None:
+            try:
+                here = self._from_cache(path, fill=True)
+            except Bypass:
+                here = None
+            if here is not None:
+                with here[0].file as f:
+                    whole: bytes = f.read()
+                    return whole
         with self.open(path, "rb") as f:
             size = f.size
             begin = 0 if start is None else (start if start >= 0 else max(0, size + start))
@@ -302,6 +389,39 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
             f.seek(begin)
             data: bytes = f.read(max(0, stop - begin))
             return data
+
+    def get_file(
+        self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None, **kwargs: Any
+    ) -> None:
+        """The file ``rpath`` to the local ``lpath``: through the node's cache, else a
+        download that goes on from its bytes (``lpath.o41-partial``) after a failure, as
+        the SDK's ``read``. ``callback`` (fsspec's): told the size and the bytes."""
+        if self.isdir(rpath):
+            os.makedirs(lpath, exist_ok=True)
+            return
+        given: Callback | None = None if isinstance(callback, NoOpCallback | None) else callback
+        if outfile is not None:  # fsspec's own copy into an open file
+            super().get_file(rpath, lpath, callback=callback or NoOpCallback(), outfile=outfile)
+            return
+        found: Mapping[str, Any] | None = None
+        with Progress(0, "download", given, show=False) as p:
+            try:
+                here = self._from_cache(rpath, fill=True, progress=p)
+            except Bypass as too_large:
+                here, found = None, too_large.found
+        if here is not None:
+            with here[0].file as f:
+                copy(f, here[0].size, Path(lpath))
+            return
+        found = found or self.locate(rpath)
+        with Progress(found["size"], f"download from {found['location']}", given) as p:
+            download(
+                found,
+                lpath,
+                self.api.timeout,
+                relocate=self._relocator(rpath, found),
+                progress=p,
+            )
 
     def rm(self, path: str, recursive: bool = False, maxdepth: int | None = None) -> None:
         raise PermissionError("versions are never deleted through the filesystem")
@@ -341,14 +461,34 @@ class AtLeastABlock(ReadAheadCache):  # type: ignore[misc]
         return bytes(self.cache[: end - start])
 
 
+class _Refused(Exception):
+    """The bucket refused the download URL (400, 401, 403): sign it again."""
+
+
+class _Short(Exception):
+    """A read that stopped before its last byte; ``data``: what it got."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__("short")
+        self.data = data
+
+
 class O41File(AbstractBufferedFile):  # type: ignore[misc]
     """One file of a version, read by ranged GETs on its signed download (signed again
     when it is older than :data:`RESIGN_AFTER`)."""
 
-    def __init__(self, fs: O41FileSystem, path: str, found: Mapping[str, Any], **kwargs: Any):
+    def __init__(
+        self,
+        fs: O41FileSystem,
+        path: str,
+        found: Mapping[str, Any],
+        local: io.BufferedReader | None = None,
+        **kwargs: Any,
+    ):
         self.found = dict(found)
         self._signed_at = time.monotonic()
         self._pool = Pool(fs.api.timeout)
+        self._local = local  # the node's cached copy: read from it, not the bucket
         self.version: str = found["version"]
         super().__init__(fs, path, size=found["size"], **kwargs)
         if kwargs.get("cache_type") is None:  # the caller's choice, if any, stays
@@ -365,25 +505,62 @@ class O41File(AbstractBufferedFile):  # type: ignore[misc]
         end = min(end, self.size)
         if start >= end:
             return b""
+        if self._local is not None:
+            got = os.pread(self._local.fileno(), end - start, start)
+            if len(got) != end - start:
+                raise ArtifactError(f"the cached copy of {self.path} is short: read it again")
+            return got
+        data = b""
+        stalled, refused = 0, False
+        while len(data) < end - start:  # what a try got is kept: the next asks for the rest
+            try:
+                data += self._fetch_once(start + len(data), end)
+                stalled = 0
+            except _Refused:
+                if refused:
+                    raise
+                refused = True  # the URL expired early, or was revoked: signed again once
+                self.found = self.fs.locate(self.path)
+                self._signed_at = time.monotonic()
+            except _Short as short:
+                data += short.data
+                stalled = 0 if short.data else stalled + 1
+                if stalled >= ATTEMPTS:
+                    raise ArtifactError(
+                        f"read of {self.path} got {len(data)} bytes of {end - start}: read it again"
+                    ) from None
+                time.sleep(backoff(stalled or 1))
+        return data
+
+    def _fetch_once(self, start: int, end: int) -> bytes:
         req = self._download()
         headers = {**req["headers"], "Range": f"bytes={start}-{end - 1}"}
         try:
             resp = self._pool.request(req["method"], req["url"], headers)
             data = resp.read()
-        except OSError as e:
+        except http.client.IncompleteRead as e:
             self._pool.forget(req["url"])
-            raise ArtifactError(f"read from {self.found['location']} failed: {e}") from None
+            raise _Short(bytes(e.partial)) from None
+        except (OSError, http.client.HTTPException):
+            self._pool.forget(req["url"])
+            raise _Short(b"") from None
         if resp.status == 200:  # a store that ignores ranges: the whole object
             data = data[start:end]
+        elif resp.status in (400, 401, 403):
+            raise _Refused
+        elif resp.status >= 500 or resp.status in (408, 429):
+            raise _Short(b"")
         elif resp.status != 206:
             raise ArtifactError(
                 f"location {self.found['location']} answered HTTP {resp.status} to a read of "
                 f"{self.path}"
             )
-        if len(data) != end - start:
+        if len(data) > end - start:
             raise ArtifactError(
                 f"read of {self.path} got {len(data)} bytes of {end - start}: read it again"
             )
+        if len(data) < end - start:
+            raise _Short(bytes(data))
         return bytes(data)
 
     def close(self) -> None:
@@ -391,6 +568,8 @@ class O41File(AbstractBufferedFile):  # type: ignore[misc]
             super().close()
         finally:
             self._pool.close()
+            if self._local is not None:
+                self._local.close()
 
 
 class O41Writer(io.RawIOBase):

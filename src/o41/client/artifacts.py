@@ -16,13 +16,16 @@ against the CRC32 its writer recorded.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from o41.client.cache import Bypass, Cache, Got, copy
 from o41.client.connection import Connection, connection_of
 from o41.client.errors import (
     ArtifactError,
@@ -37,7 +40,16 @@ from o41.client.errors import (
     Unavailable,
     UploadFailed,
 )
-from o41.client.reads import NoRanges, RangeReader, download, into_memory, range_size, read_range
+from o41.client.progress import Callback, Progress
+from o41.client.reads import (
+    NoRanges,
+    RangeReader,
+    Relocate,
+    download,
+    into_memory,
+    range_size,
+    read_range,
+)
 from o41.client.retries import begin_elsewhere, kept_parts, other_file
 from o41.client.transfers import (
     PartURLs,
@@ -94,6 +106,14 @@ def _q(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
+def _not_a_directory(found: Mapping[str, Any], artifact: str) -> None:
+    if found.get("download") is None and found.get("files") is not None:
+        raise ArtifactError(
+            f"version {found['version']} of {artifact!r} is a directory of "
+            f"{found['files']} files: open one with path=..., or read it to a directory"
+        )
+
+
 def resumable(e: BaseException, version: str, artifact: str) -> None:
     """Say how to resume the write in parts ``version`` that ``e`` ended (its parts stay in
     the bucket): a warning, which default logging shows, and on the exception itself
@@ -112,10 +132,16 @@ def resumable(e: BaseException, version: str, artifact: str) -> None:
         e.add_note(hint)
 
 
+#: What a client's ``cache`` argument takes: a cache, its folder, False (none), True or
+#: None (``O41_ARTIFACTS_CACHE``'s, by default ``~/.cache/o41/artifacts``).
+CacheSetting = Cache | str | os.PathLike[str] | bool | None
+
+
 class Artifacts:
     """The placement service as a pod sees it, through one
     :class:`~o41.client.connection.Connection` (``connection``, or one made of the
-    settings given: see there for each, and the environment it reads)."""
+    settings given: see there for each, and the environment it reads), and this node's
+    cache of the versions it read (``cache``: :data:`CacheSetting`; ``o41.client.cache``)."""
 
     def __init__(
         self,
@@ -126,7 +152,9 @@ class Artifacts:
         ca_file: str | None = None,
         *,
         connection: Connection | None = None,
+        cache: CacheSetting = None,
     ) -> None:
+        self.cache: Cache | None = Cache.of(cache)
         self.connection = connection_of(
             connection,
             endpoint=endpoint,
@@ -168,6 +196,7 @@ class Artifacts:
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
         resume: str | None = None,
+        callback: Callback | None = None,
     ) -> Written:
         """Begin, upload straight to the bucket, commit. When the bucket fails, begin
         again with that location excluded. ``metadata`` (small JSON key/values) is kept
@@ -176,8 +205,8 @@ class Artifacts:
         parts its bucket does not hold yet are sent, then it commits."""
         source = Source(path=Path(path))
         if resume is not None:
-            return self._resume(organization, artifact, source, resume, metadata, tag)
-        return self._write(organization, artifact, source, metadata, tag)
+            return self._resume(organization, artifact, source, resume, metadata, tag, callback)
+        return self._write(organization, artifact, source, metadata, tag, callback)
 
     def write_bytes(
         self,
@@ -188,12 +217,13 @@ class Artifacts:
         metadata: Mapping[str, Any] | None = None,
         tag: str | None = None,
         resume: str | None = None,
+        callback: Callback | None = None,
     ) -> Written:
         """:meth:`write` of bytes in memory (no copy to a file)."""
         source = Source(data=memoryview(data).cast("B"))
         if resume is not None:
-            return self._resume(organization, artifact, source, resume, metadata, tag)
-        return self._write(organization, artifact, source, metadata, tag)
+            return self._resume(organization, artifact, source, resume, metadata, tag, callback)
+        return self._write(organization, artifact, source, metadata, tag, callback)
 
     def _write(
         self,
@@ -202,6 +232,7 @@ class Artifacts:
         source: Source,
         metadata: Mapping[str, Any] | None,
         tag: str | None,
+        callback: Callback | None = None,
     ) -> Written:
         size = source.size
         request: dict[str, Any] = {
@@ -239,7 +270,7 @@ class Artifacts:
                     began["version"],
                 )
             sign = self._signer(began["version"])
-            return upload(source, size, began, began["location"], sign, self.timeout)
+            return upload(source, size, began, began["location"], sign, self.timeout, callback)
 
         try:
             began, (etags, md5) = begin_elsewhere(begin, send)
@@ -268,6 +299,7 @@ class Artifacts:
         version: str,
         metadata: Mapping[str, Any] | None,
         tag: str | None,
+        callback: Callback | None = None,
     ) -> Written:
         """Finish the pending multipart write ``version``: ask which parts its bucket
         holds, keep those that match the file, send the others, commit."""
@@ -307,7 +339,7 @@ class Artifacts:
             commit["tag"] = tag
         try:
             commit["etags"] = upload_parts(
-                source, size, part_size, parts, urls, location, kept, self.timeout
+                source, size, part_size, parts, urls, location, kept, self.timeout, callback
             )
             done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit)
         except BaseException as e:
@@ -340,39 +372,185 @@ class Artifacts:
         )
         return found
 
-    def read(self, organization: str, artifact: str, version: str, output: str | Path) -> Read:
-        """Download a version (an id, ``latest`` or a tag) to ``output`` (written whole or
-        not at all)."""
-        found = self.locate(organization, artifact, version)
-        got = download(found, output, self.timeout)
-        return Read(found["version"], found["location"], found["locality"], got, found.get("tag"))
+    def relocator(self, organization: str, artifact: str, version: str) -> Relocate:
+        """What asks for a fresh download of the version id ``version`` (its URL expired)."""
+        return lambda: self.locate(organization, artifact, version)
 
-    def read_bytes(self, organization: str, artifact: str, version: str) -> tuple[bytes, Read]:
+    def cached(
+        self,
+        organization: str,
+        artifact: str,
+        version: str,
+        locate: Relocate,
+        *,
+        path: str = "",
+        expect: Mapping[str, Any] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Got | None:
+        """The version id ``version`` (``path``: one file of a directory version) from
+        this node's cache, fetched into it first if it is not there (``locate`` signs the
+        download: only then is the read counted); None without a cache or for a version
+        larger than it holds. :class:`~o41.client.cache.Bypass` carries the read answer of
+        one found too large only once located. ``expect``: what the service says of it
+        (size, MD5), checked against the entry."""
+        cache = self.cache
+        if cache is None or (expect is not None and not cache.fits(expect["size"])):
+            return None
+
+        def fetch(data: Path) -> Mapping[str, Any]:
+            found = locate()
+            if not cache.fits(found["size"]):
+                raise Bypass(found)
+            download(found, data, self.timeout, relocate=locate, progress=progress)
+            return found
+
+        got = cache.entry(organization, artifact, version, path).get(expect, fetch)
+        if got.hit and progress is not None:
+            progress(got.size)
+        return got
+
+    def read(
+        self,
+        organization: str,
+        artifact: str,
+        version: str,
+        output: str | Path,
+        *,
+        named: Mapping[str, Any] | None = None,
+        callback: Callback | None = None,
+    ) -> Read:
+        """Download a version (an id, ``latest`` or a tag) to ``output`` (written whole or
+        not at all; a download that stops goes on from the bytes it has, and one that
+        fails keeps them for the next read: :func:`~o41.client.reads.download`). With a
+        cache, the version comes from it (fetched into it first when it is not there):
+        ``named`` is the service's answer of which version ``version`` is, when the
+        caller has it. ``callback``: told the size and the bytes as they come."""
+        output = Path(output)
+        found: Mapping[str, Any] | None = None
+        if self.cache is not None:
+            named = named or self.resolve(organization, artifact, version)
+            pinned = named["version"]
+            locate = self.relocator(organization, artifact, pinned)
+            with Progress(named["size"], f"download from {named['location']}", callback) as p:
+                try:
+                    got = self.cached(
+                        organization, artifact, pinned, locate, expect=named, progress=p
+                    )
+                except Bypass as too_large:
+                    got, found = None, too_large.found
+                if got is not None:
+                    with got.file:
+                        copy(got.file, got.size, output)
+                    return self._read_of(named, got)
+        found = found or self.locate(organization, artifact, version)
+        locate = self.relocator(organization, artifact, found["version"])
+        with Progress(found["size"], f"download from {found['location']}", callback) as p:
+            size = download(found, output, self.timeout, relocate=locate, progress=p)
+        tag = found.get("tag") if named is None else named.get("tag")
+        return Read(found["version"], found["location"], found["locality"], size, tag)
+
+    @staticmethod
+    def _read_of(named: Mapping[str, Any], got: Got) -> Read:
+        """The read of a version that came through the cache: ``cached`` when it was there
+        (nothing fetched), else the locality of the download that filled it."""
+        locality = "cached" if got.hit or got.found is None else got.found["locality"]
+        return Read(named["version"], named["location"], locality, got.size, named.get("tag"))
+
+    def read_bytes(
+        self,
+        organization: str,
+        artifact: str,
+        version: str,
+        *,
+        callback: Callback | None = None,
+    ) -> tuple[bytes, Read]:
         """A version's bytes in memory, checked against its size, and its recorded parts'
-        CRC32s or its MD5; a large version comes as parallel ranges straight into place."""
-        found = self.locate(organization, artifact, version)
+        CRC32s or its MD5; a large version comes as parallel ranges straight into place.
+        With a cache: through it, as :meth:`read`."""
+        found: Mapping[str, Any] | None = None
+        if self.cache is not None:
+            named = self.resolve(organization, artifact, version)
+            pinned = named["version"]
+            locate = self.relocator(organization, artifact, pinned)
+            with Progress(named["size"], f"download from {named['location']}", callback) as p:
+                try:
+                    got = self.cached(
+                        organization, artifact, pinned, locate, expect=named, progress=p
+                    )
+                except Bypass as too_large:
+                    got, found = None, too_large.found
+                if got is not None:
+                    with got.file:
+                        return got.file.read(), self._read_of(named, got)
+            if found is None:
+                found = self.locate(organization, artifact, pinned)
+        else:
+            found = self.locate(organization, artifact, version)
+        locate = self.relocator(organization, artifact, found["version"])
         data: bytes | bytearray | None = None
-        if found["size"] > range_size(found) and (
-            recorded_parts(found) is not None or not found.get("md5")
-        ):
-            data = bytearray(found["size"])
-            try:
-                into_memory(found, memoryview(data), 0, self.timeout, parallel=True)
-            except NoRanges:
-                data = None
-        if data is None:
-            with RangeReader(found, self.timeout) as raw:
-                data = raw.readall()
+        with Progress(found["size"], f"download from {found['location']}", callback) as p:
+            if found["size"] > range_size(found) and (
+                recorded_parts(found) is not None or not found.get("md5")
+            ):
+                data = bytearray(found["size"])
+                try:
+                    into_memory(
+                        found,
+                        memoryview(data),
+                        0,
+                        self.timeout,
+                        parallel=True,
+                        relocate=locate,
+                        progress=p,
+                    )
+                except NoRanges:
+                    data = None
+            if data is None:
+                with RangeReader(found, self.timeout, relocate=locate) as raw:
+                    data = raw.readall()
+                p(len(data))
         return bytes(data) if isinstance(data, bytearray) else data, Read(
             found["version"], found["location"], found["locality"], len(data), found.get("tag")
         )
 
+    def open(
+        self, organization: str, artifact: str, version: str
+    ) -> tuple[io.RawIOBase, dict[str, Any]]:
+        """A version as a raw seekable stream, and what the service said of it
+        (``version``, ``tag``, ``location``, ``locality``, ``size``, ``metadata``). With a
+        cache, the version is fetched into it whole first when it is not there, and read
+        from there; without, it streams from the bucket as it is read (ranged GETs)."""
+        found: Mapping[str, Any] | None = None
+        if self.cache is not None:
+            named = self.resolve(organization, artifact, version)
+            _not_a_directory(named, artifact)
+            pinned = named["version"]
+            locate = self.relocator(organization, artifact, pinned)
+            with Progress(named["size"], f"download from {named['location']}") as p:
+                try:
+                    got = self.cached(
+                        organization, artifact, pinned, locate, expect=named, progress=p
+                    )
+                except Bypass as too_large:
+                    got, found = None, too_large.found
+            if got is not None:
+                raw: io.RawIOBase = got.file.detach()
+                return raw, {**named, "locality": self._read_of(named, got).locality}
+            found = found or self.locate(organization, artifact, pinned)
+        else:
+            found = self.locate(organization, artifact, version)
+        _not_a_directory(found, artifact)
+        locate = self.relocator(organization, artifact, found["version"])
+        return RangeReader(found, self.timeout, relocate=locate), dict(found)
+
     def read_range(
         self, organization: str, artifact: str, version: str, start: int, length: int
     ) -> tuple[bytes, Read]:
-        """``length`` bytes of a version from offset ``start`` (:func:`read_range`)."""
+        """``length`` bytes of a version from offset ``start`` (:func:`read_range`), from
+        the bucket always (the cache holds whole versions: :meth:`open` for many pieces)."""
         found = self.locate(organization, artifact, version)
-        data = read_range(found, start, length, self.timeout)
+        locate = self.relocator(organization, artifact, found["version"])
+        data = read_range(found, start, length, self.timeout, relocate=locate)
         return data, Read(
             found["version"], found["location"], found["locality"], len(data), found.get("tag")
         )

@@ -10,7 +10,10 @@ checked again before a file is written, so a read never writes outside its outpu
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import io
+import json
 import os
 import shutil
 import urllib.parse
@@ -21,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from o41.client.artifacts import Artifacts, Read
+from o41.client.cache import Bypass, copy
 from o41.client.errors import ArtifactError, Damaged
-from o41.client.reads import RangeReader
+from o41.client.progress import Callback, Progress
+from o41.client.reads import PARTIAL, RangeReader, Relocate, download
 from o41.client.retries import begin_elsewhere
-from o41.client.transfers import BLOCK, Body, Pool, Progress, Source, put
+from o41.client.transfers import BLOCK, Body, Pool, Source, put
 from o41.core.directories import (
     MAX_FILES,
     DirectoryRefused,
@@ -148,6 +153,7 @@ def write_dir(
     *,
     metadata: Mapping[str, Any] | None = None,
     tag: str | None = None,
+    callback: Callback | None = None,
 ) -> DirectoryWritten:
     """Write the directory ``root`` as one version: begin (one location for all its
     files), upload every file in parallel, commit. When the bucket fails, begin again
@@ -173,7 +179,7 @@ def write_dir(
         return began
 
     def send(began: Mapping[str, Any]) -> None:
-        _upload(api, files, began["files"], size, began["location"])
+        _upload(api, files, began["files"], size, began["location"], callback)
 
     began, _ = begin_elsewhere(begin, send)
     done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {})
@@ -194,8 +200,9 @@ def _upload(
     uploads: list[Mapping[str, Any]],
     size: int,
     location: str,
+    callback: Callback | None = None,
 ) -> None:
-    progress = Progress(size, f"upload to {location}")
+    progress = Progress(size, f"upload to {location}", callback)
     pool = Pool(api.timeout)
 
     def one(req: Mapping[str, Any]) -> None:
@@ -214,6 +221,7 @@ def _upload(
             list(threads.map(one, uploads))
     finally:
         pool.close()
+        progress.close()
 
 
 # --- reads -------------------------------------------------------------------------------
@@ -250,87 +258,181 @@ def locate_file(
     return found
 
 
-def _fetch(
-    pool: Pool,
-    found: Mapping[str, Any],
-    entry: Mapping[str, Any],
-    dest: Path,
-    progress: Callable[[int], None],
-) -> None:
-    """One file of a directory version (``entry``: its path, size, MD5 and signed
-    download; ``found``: the version's read answer) in one GET to ``dest``, checked
-    against its size and MD5: :class:`Damaged`, naming the file as the version names it,
-    when the bytes are not those written."""
-    req, location = entry["download"], found["location"]
-    digest = hashlib.md5()  # noqa: S324 - integrity
-    got = 0
+def _file_of(found: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The read answer of one file of a directory version (``found``: the version's
+    listing; ``entry``: the file's path, size, MD5 and, signed, its download)."""
+    return {
+        "version": found["version"],
+        "location": found["location"],
+        "path": entry["path"],
+        "size": entry["size"],
+        "md5": entry["md5"],
+        "download": entry.get("download"),
+    }
+
+
+def _locator(api: Artifacts, organization: str, artifact: str, version: str, path: str) -> Relocate:
+    """What signs one file's download (again): counted as a read of that file alone."""
+    return lambda: {**locate_file(api, organization, artifact, version, path), "path": path}
+
+
+def _md5_is(path: Path, size: int, md5: str) -> bool:
     try:
-        resp = pool.request(req["method"], req["url"], req["headers"])
-        if resp.status != 200:
-            resp.read()
-            raise ArtifactError(f"location {location} answered HTTP {resp.status} to a download")
-        with dest.open("wb") as out:
-            while block := resp.read(BLOCK):
-                out.write(block)
-                digest.update(block)
-                got += len(block)
-                progress(len(block))
-    except OSError as e:
-        pool.forget(req["url"])
-        raise ArtifactError(f"download from {location} failed: {e}; read it again") from None
-    size, md5 = entry["size"], entry["md5"]
-    if got != size or digest.hexdigest() != md5:
-        differs = (
-            f"{got} bytes where its writer wrote {size}"
-            if got != size
-            else f"MD5 {digest.hexdigest()}, but its writer recorded {md5}"
-        )
-        raise Damaged(
-            f"file {entry['path']} of version {found['version']} at location {location} has "
-            f"{differs}: the bucket's copy is damaged. Nothing was written; read it again, and "
-            "if this repeats, write the version again"
-        )
+        return path.stat().st_size == size and md5_of(path) == md5
+    except OSError:
+        return False
 
 
 def read_dir(
-    api: Artifacts, organization: str, artifact: str, ref: str, output: str | os.PathLike[str]
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    ref: str,
+    output: str | os.PathLike[str],
+    *,
+    callback: Callback | None = None,
 ) -> tuple[Read, int]:
     """A directory version to the directory ``output`` (new, or empty), whole or not at
     all: its files come in parallel into a partial directory beside it, renamed into place
-    once every file is down and checked. Returns the read and the number of files."""
+    once every file is down and checked. Returns the read and the number of files.
+
+    Through the node's cache when there is one (and the directory fits in it): the files
+    it holds cost nothing, the others are fetched into it. Without, a read that fails
+    keeps ``output.o41-partial/`` (the files that came whole, and the bytes of those that
+    did not) for the next read of the same version to ``output``, which fetches only the
+    rest. Only what is fetched is signed, and so counted: every file at once when none
+    is here yet, else each missing file on its own."""
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ArtifactError(f"{out} exists and is not an empty directory: read to a new path")
-    found = listing(api, organization, artifact, ref, download=True)
+    found = listing(api, organization, artifact, ref)
     for f in found["files"]:  # what the service names is checked like what is sent
         if why := path_problem(f["path"]):
             raise ArtifactError(f"the service answered a bad path: {why}")
-    partial = out.with_name(out.name + ".o41-partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    progress = Progress(found["size"], f"download from {found['location']}")
-    pool = Pool(api.timeout)
+    partial = out.with_name(out.name + PARTIAL)
+    state = out.with_name(out.name + PARTIAL + ".json")
+    cache = api.cache
+    through_cache = cache is not None and cache.fits(found["size"])
+    hit = False
+    with Progress(found["size"], f"download from {found['location']}", callback) as progress:
+        try:
+            if through_cache:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+                hit = _dir_through_cache(api, organization, artifact, found, partial, progress)
+            else:
+                _dir_download(api, organization, artifact, found, partial, state, progress)
+            if out.exists():
+                out.rmdir()
+            partial.rename(out)
+            state.unlink(missing_ok=True)
+        except Damaged:
+            shutil.rmtree(partial, ignore_errors=True)
+            state.unlink(missing_ok=True)
+            raise
+        except BaseException:
+            if through_cache:  # the cache keeps what came; the copies are no use
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+    locality = "cached" if hit else found.get("locality", "")
+    read = Read(found["version"], found["location"], locality, found["size"], found.get("tag"))
+    return read, len(found["files"])
+
+
+def _dir_download(
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    found: Mapping[str, Any],
+    partial: Path,
+    state: Path,
+    progress: Callable[[int], None],
+) -> None:
+    """Every file to ``partial/PATH``, each checked; a partial directory of this same
+    version (``state`` says which) is gone on from: its whole files are kept (checked
+    again), the others continue from their bytes."""
+    version = found["version"]
+    mark = {"organization": organization, "artifact": artifact, "version": version}
+    try:
+        same = json.loads(state.read_text()) == mark and partial.is_dir()
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        state.write_text(json.dumps(mark))
+    todo = []
+    for f in found["files"]:
+        dest = partial.joinpath(*f["path"].split("/"))
+        if same and _md5_is(dest, f["size"], f["md5"]):
+            progress(f["size"])
+        else:
+            todo.append(f)
+    if not todo:
+        return
+    signed: dict[str, Mapping[str, Any]] = {}
+    if len(todo) == len(found["files"]):  # nothing here yet: every file signed at once
+        answer = listing(api, organization, artifact, version, download=True)
+        signed = {f["path"]: f for f in answer["files"]}
 
     def one(f: Mapping[str, Any]) -> None:
         dest = partial.joinpath(*f["path"].split("/"))
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _fetch(pool, found, f, dest, progress)
+        locate = _locator(api, organization, artifact, version, f["path"])
+        entry = signed.get(f["path"])
+        file_found = _file_of(found, entry) if entry is not None else locate()
+        download(file_found, dest, api.timeout, relocate=locate, progress=progress)
 
-    try:
-        partial.mkdir(parents=True)
+    with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
+        list(threads.map(one, todo))
+
+
+def _dir_through_cache(
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    found: Mapping[str, Any],
+    partial: Path,
+    progress: Callable[[int], None],
+) -> bool:
+    """Every file from the node's cache (fetched into it first when it is not there) to
+    ``partial/PATH``. Under the directory's own lock, so that many readers of one version
+    at once sign (and count) its files once. Whether every file was there already."""
+    assert api.cache is not None
+    version = found["version"]
+    cache = api.cache
+    entries = {
+        f["path"]: cache.entry(organization, artifact, version, f["path"]) for f in found["files"]
+    }
+    hits: list[bool] = []
+    with cache.entry(organization, artifact, version, "/").locked(fcntl.LOCK_EX):
+        missing = [p for p, e in entries.items() if not e.present()]
+        signed: dict[str, Mapping[str, Any]] = {}
+        if missing and len(missing) == len(entries):  # none here: signed all at once
+            answer = listing(api, organization, artifact, version, download=True)
+            signed = {f["path"]: f for f in answer["files"]}
+
+        def one(f: Mapping[str, Any]) -> None:
+            locate = _locator(api, organization, artifact, version, f["path"])
+            entry = signed.pop(f["path"], None)
+
+            def fetch(data: Path) -> Mapping[str, Any]:
+                file_found = _file_of(found, entry) if entry is not None else locate()
+                download(file_found, data, api.timeout, relocate=locate, progress=progress)
+                return file_found
+
+            got = entries[f["path"]].get({"size": f["size"], "md5": f["md5"]}, fetch)
+            with got.file:
+                dest = partial.joinpath(*f["path"].split("/"))
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                copy(got.file, got.size, dest)
+            if got.hit:
+                progress(got.size)
+            hits.append(got.hit)
+
         with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
             list(threads.map(one, found["files"]))
-        if out.exists():
-            out.rmdir()
-        partial.rename(out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        pool.close()
-    read = Read(
-        found["version"], found["location"], found["locality"], found["size"], found.get("tag")
-    )
-    return read, len(found["files"])
+    return all(hits)
 
 
 def read_file(
@@ -340,21 +442,36 @@ def read_file(
     ref: str,
     path: str,
     output: str | os.PathLike[str],
+    *,
+    callback: Callback | None = None,
 ) -> Read:
-    """One file of a directory version to ``output``, whole or not at all."""
-    found = locate_file(api, organization, artifact, ref, path)
+    """One file of a directory version to ``output``, whole or not at all (through the
+    node's cache when there is one; without, a read that fails keeps its bytes for the
+    next, as a file version's)."""
     out = Path(output)
-    partial = out.with_name(out.name + ".o41-partial")
-    pool = Pool(api.timeout)
-    try:
-        progress = Progress(found["size"], f"download from {found['location']}")
-        _fetch(pool, found, {**found, "path": found.get("path", path)}, partial, progress)
-        partial.replace(out)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    finally:
-        pool.close()
+    found: Mapping[str, Any] | None = None
+    if api.cache is not None:
+        if why := path_problem(path):
+            raise ArtifactError(why)
+        named = api.resolve(organization, artifact, ref)
+        locate = _locator(api, organization, artifact, named["version"], path)
+        with Progress(0, "download", callback, show=False) as progress:
+            try:
+                got = api.cached(
+                    organization, artifact, named["version"], locate, path=path, progress=progress
+                )
+            except Bypass as too_large:
+                got, found = None, too_large.found
+        if got is not None:
+            with got.file:
+                copy(got.file, got.size, out)
+            locality = "cached" if got.hit or got.found is None else got.found["locality"]
+            return Read(named["version"], named["location"], locality, got.size, named.get("tag"))
+    if found is None:
+        found = {**locate_file(api, organization, artifact, ref, path), "path": path}
+    locate = _locator(api, organization, artifact, found["version"], path)
+    with Progress(found["size"], f"download from {found['location']}", callback) as progress:
+        download(found, out, api.timeout, relocate=locate, progress=progress)
     return Read(
         found["version"], found["location"], found["locality"], found["size"], found.get("tag")
     )
@@ -362,21 +479,48 @@ def read_file(
 
 def open_file(
     api: Artifacts, organization: str, artifact: str, ref: str, path: str
-) -> tuple[RangeReader, dict[str, Any]]:
-    """One file of a directory version as a raw seekable stream (ranged GETs)."""
-    found = locate_file(api, organization, artifact, ref, path)
-    return RangeReader(found, api.timeout), found
+) -> tuple[io.RawIOBase, dict[str, Any]]:
+    """One file of a directory version as a raw seekable stream: from the node's cache
+    when there is one (fetched into it first), else ranged GETs on the bucket."""
+    found: Mapping[str, Any] | None = None
+    if api.cache is not None:
+        if why := path_problem(path):
+            raise ArtifactError(why)
+        named = api.resolve(organization, artifact, ref)
+        locate = _locator(api, organization, artifact, named["version"], path)
+        try:
+            got = api.cached(organization, artifact, named["version"], locate, path=path)
+        except Bypass as too_large:
+            got, found = None, too_large.found
+        if got is not None:
+            locality = "cached" if got.hit or got.found is None else got.found["locality"]
+            raw: io.RawIOBase = got.file.detach()
+            return raw, {**named, "size": got.size, "path": path, "locality": locality}
+    if found is None:
+        found = {**locate_file(api, organization, artifact, ref, path), "path": path}
+    locate = _locator(api, organization, artifact, found["version"], path)
+    return RangeReader(found, api.timeout, relocate=locate), dict(found)
 
 
 def read_any(
-    api: Artifacts, organization: str, artifact: str, ref: str, output: str | os.PathLike[str]
+    api: Artifacts,
+    organization: str,
+    artifact: str,
+    ref: str,
+    output: str | os.PathLike[str],
+    *,
+    callback: Callback | None = None,
 ) -> tuple[Read, int | None]:
     """A version to ``output``: a file version to a file, a directory version to a
     directory. ``ref`` is resolved first (no download is signed for that), then read by
     its id, so both steps read the same version. The number of files of a directory."""
     named = api.resolve(organization, artifact, ref)
     if named.get("files") is not None:
-        read, count = read_dir(api, organization, artifact, named["version"], output)
+        read, count = read_dir(
+            api, organization, artifact, named["version"], output, callback=callback
+        )
         return Read(read.version, read.location, read.locality, read.size, named.get("tag")), count
-    r = api.read(organization, artifact, named["version"], Path(output))
+    r = api.read(
+        organization, artifact, named["version"], Path(output), named=named, callback=callback
+    )
     return Read(r.version, r.location, r.locality, r.size, named.get("tag")), None

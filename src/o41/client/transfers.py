@@ -15,7 +15,6 @@ import hashlib
 import http.client
 import socket
 import ssl
-import sys
 import threading
 import time
 import urllib.parse
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from o41.client.errors import ArtifactError, Damaged, UploadFailed
+from o41.client.progress import Callback, Progress
 from o41.client.tls import system_context
 from o41.core.parts import crc32_b64, part_count
 
@@ -326,30 +326,6 @@ class PartURLs:
             return self._urls[n]
 
 
-class Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.label, self.done = total, label, 0
-        self._lock = threading.Lock()
-        self._shown = -1
-        self._on = sys.stderr.isatty() and total > 0
-
-    def __call__(self, n: int) -> None:
-        if not self._on:
-            return
-        with self._lock:
-            self.done += n
-            percent = self.done * 100 // self.total
-            if percent != self._shown:
-                self._shown = percent
-                bar = "#" * (percent // 4)
-                sys.stderr.write(f"\r{self.label} [{bar:<25}] {percent:3d}%")
-                if self.done >= self.total:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
-
-
 def recorded_parts(found: Mapping[str, Any]) -> tuple[int, list[str]] | None:
     """(part size, each part's CRC32) of a version whose writer recorded them, or None."""
     part_size, sums, size = found.get("partSize"), found.get("crc32"), found["size"]
@@ -441,10 +417,13 @@ def upload_parts(
     location: str,
     kept: Mapping[int, str],
     timeout: float,
+    callback: Callback | None = None,
 ) -> list[str]:
     """Send the parts not ``kept`` (number: ETag), PARALLEL_PARTS at a time; every part's
-    ETag, in order."""
-    progress = Progress(size, f"upload to {location}")
+    ETag, in order. ``callback``: told the size, then the bytes as they go (the kept
+    parts' at once)."""
+    progress = Progress(size, f"upload to {location}", callback)
+    progress(sum(min(part_size, size - (n - 1) * part_size) for n in kept))
     pool = Pool(timeout)
 
     def one(n: int) -> str:
@@ -463,6 +442,7 @@ def upload_parts(
             return list(threads.map(one, range(1, parts + 1)))
     finally:
         pool.close()
+        progress.close()
 
 
 def upload(
@@ -472,9 +452,11 @@ def upload(
     location: str,
     sign: Callable[[list[int]], Mapping[str, Any]],
     timeout: float,
+    callback: Callback | None = None,
 ) -> tuple[list[str], str | None]:
     """Upload what the service's begin answered (``sign`` signs parts again, as
-    :class:`PartURLs` asks); returns each part's ETag, and the MD5 of a single upload."""
+    :class:`PartURLs` asks); returns each part's ETag, and the MD5 of a single upload.
+    ``callback``: told the size, then the bytes as they go."""
     spec: Mapping[str, Any] = began["upload"]
     if "multipart" in spec:
         multipart = spec["multipart"]
@@ -482,8 +464,10 @@ def upload(
         signed = {n: multipart["parts"][n - 1] for n in range(1, count + 1)}
         urls = PartURLs(sign, range(1, count + 1), signed, began["expiresIn"])
         part_size = multipart["partSize"]
-        return upload_parts(source, size, part_size, count, urls, location, {}, timeout), None
-    progress = Progress(size, f"upload to {location}")
+        return upload_parts(
+            source, size, part_size, count, urls, location, {}, timeout, callback
+        ), None
+    progress = Progress(size, f"upload to {location}", callback)
     pool = Pool(timeout)
     try:
         if "single" in spec:
@@ -498,3 +482,4 @@ def upload(
         raise ArtifactError("the service answered no upload: update the client")
     finally:
         pool.close()
+        progress.close()
