@@ -120,8 +120,11 @@ def test_killing_the_leader_loses_no_acknowledged_strong_write(
 
 
 def test_without_majority_strong_fails_cleanly_and_recovers(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    etcd_cluster: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the service's own answers, at once: the client's retries (which would wait for the
+    # majority) are tests/client/test_hub_blink.py's
+    monkeypatch.setenv("O41_ARTIFACTS_RETRY_DEADLINE", "0")
     # the service in a process of its own: this process restarts etcd members, and must
     # not fork while gRPC calls run in it
     service = ServiceProcess(
@@ -270,12 +273,13 @@ def test_a_killed_leader_stalls_strong_writes_briefly(
 
 
 def test_without_majority_strong_calls_fail_fast_until_it_returns(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    etcd_cluster: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """2 of 3 members down: the first strong call fails after the store's timeout; once
     the probe has found no majority, the next ones fail at once, with the same error,
     until a probe sees a majority again; then answers resume. Prints the times (no
     timing assertion)."""
+    monkeypatch.setenv("O41_ARTIFACTS_RETRY_DEADLINE", "0")  # the service's answers, at once
     service = ServiceProcess(
         etcd_cluster.endpoints, tmp_path / "service.log", "--store-timeout", "2"
     ).start()
