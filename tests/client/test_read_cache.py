@@ -153,7 +153,6 @@ async def test_the_least_recently_used_version_goes_when_the_cache_is_full(
     c, data_c = await _write(service, tmp_path, size)
     for v in (a, b, a):  # a is used last: b is the least recently used
         await asyncio.to_thread(client.read_bytes, ORG, "ckpt", v)
-        await asyncio.sleep(0.01)
     await asyncio.to_thread(client.read_bytes, ORG, "ckpt", c)
     held = {cache.entry(ORG, "ckpt", v).present(): v for v in (a, b, c)}
     assert [cache.entry(ORG, "ckpt", v).present() for v in (a, b, c)] == [True, False, True], held

@@ -303,7 +303,7 @@ class Entry:
                 self.key.get("version"),
             )
             return None
-        os.utime(self.meta)  # used now: the last to be evicted
+        _mark_used(self.meta)  # used now: the last to be evicted
         return f
 
     def peek(self, expect: Mapping[str, Any] | None) -> io.BufferedReader | None:
@@ -352,6 +352,7 @@ class Entry:
         tmp = self.meta.with_name(f"meta.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, self.meta)
+        _mark_used(self.meta)
         if expect is None:
             self.cache.make_room(0, keep=self.folder)
         return Got(f, size, False, found)
@@ -406,3 +407,11 @@ def copy(source: io.BufferedReader, size: int, output: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def _mark_used(path: Path) -> None:
+    """Stamp ``path`` with this instant from the precise clock: the kernel's own stamp
+    (``os.utime`` without times, a file's creation) moves in ticks of a few milliseconds,
+    so two uses in one tick would tie and least-recently-used could pick either."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
