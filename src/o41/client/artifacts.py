@@ -429,25 +429,36 @@ class Artifacts:
         found: Mapping[str, Any] | None = None
         if self.cache is not None:
             named = named or self.resolve(organization, artifact, version)
-            pinned = named["version"]
-            locate = self.relocator(organization, artifact, pinned)
-            with Progress(named["size"], f"download from {named['location']}", callback) as p:
-                try:
-                    got = self.cached(
-                        organization, artifact, pinned, locate, expect=named, progress=p
-                    )
-                except Bypass as too_large:
-                    got, found = None, too_large.found
-                if got is not None:
-                    with got.file:
-                        copy(got.file, got.size, output)
-                    return self._read_of(named, got)
+            got, found = self._through_cache(organization, artifact, named, callback)
+            if got is not None:
+                with got.file:
+                    copy(got.file, got.size, output)
+                return self._read_of(named, got)
         found = found or self.locate(organization, artifact, version)
         locate = self.relocator(organization, artifact, found["version"])
         with Progress(found["size"], f"download from {found['location']}", callback) as p:
             size = download(found, output, self.timeout, relocate=locate, progress=p)
         tag = found.get("tag") if named is None else named.get("tag")
         return Read(found["version"], found["location"], found["locality"], size, tag)
+
+    def _through_cache(
+        self,
+        organization: str,
+        artifact: str,
+        named: Mapping[str, Any],
+        callback: Callback | None,
+    ) -> tuple[Got | None, Mapping[str, Any] | None]:
+        """The version the service ``named``, through the cache (fetched into it first when
+        it is not there): ``(entry, None)``; ``(None, where to read it)`` when it is too
+        large to keep, so the caller reads it from the bucket."""
+        pinned = named["version"]
+        locate = self.relocator(organization, artifact, pinned)
+        with Progress(named["size"], f"download from {named['location']}", callback) as p:
+            try:
+                got = self.cached(organization, artifact, pinned, locate, expect=named, progress=p)
+            except Bypass as too_large:
+                return None, too_large.found
+        return got, None
 
     @staticmethod
     def _read_of(named: Mapping[str, Any], got: Got) -> Read:
@@ -470,20 +481,12 @@ class Artifacts:
         found: Mapping[str, Any] | None = None
         if self.cache is not None:
             named = self.resolve(organization, artifact, version)
-            pinned = named["version"]
-            locate = self.relocator(organization, artifact, pinned)
-            with Progress(named["size"], f"download from {named['location']}", callback) as p:
-                try:
-                    got = self.cached(
-                        organization, artifact, pinned, locate, expect=named, progress=p
-                    )
-                except Bypass as too_large:
-                    got, found = None, too_large.found
-                if got is not None:
-                    with got.file:
-                        return got.file.read(), self._read_of(named, got)
+            got, found = self._through_cache(organization, artifact, named, callback)
+            if got is not None:
+                with got.file:
+                    return got.file.read(), self._read_of(named, got)
             if found is None:
-                found = self.locate(organization, artifact, pinned)
+                found = self.locate(organization, artifact, named["version"])
         else:
             found = self.locate(organization, artifact, version)
         locate = self.relocator(organization, artifact, found["version"])
@@ -524,19 +527,11 @@ class Artifacts:
         if self.cache is not None:
             named = self.resolve(organization, artifact, version)
             _not_a_directory(named, artifact)
-            pinned = named["version"]
-            locate = self.relocator(organization, artifact, pinned)
-            with Progress(named["size"], f"download from {named['location']}") as p:
-                try:
-                    got = self.cached(
-                        organization, artifact, pinned, locate, expect=named, progress=p
-                    )
-                except Bypass as too_large:
-                    got, found = None, too_large.found
+            got, found = self._through_cache(organization, artifact, named, None)
             if got is not None:
                 raw: io.RawIOBase = got.file.detach()
                 return raw, {**named, "locality": self._read_of(named, got).locality}
-            found = found or self.locate(organization, artifact, pinned)
+            found = found or self.locate(organization, artifact, named["version"])
         else:
             found = self.locate(organization, artifact, version)
         _not_a_directory(found, artifact)
