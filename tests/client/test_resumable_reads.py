@@ -179,13 +179,16 @@ async def test_a_download_cut_on_the_way_finishes_without_fetching_a_byte_twice(
     service, relay = relayed
     monkeypatch.setattr(reads, "RANGE_READER", reader)
     version, data = await _written(service, tmp_path)
-    relay.per_connection = 5 * MiB + 12_345  # every connection cut inside a part
+    cap = 5 * MiB + 12_345
+    relay.per_connection = cap  # every connection cut inside a part
     out = tmp_path / "back"
     before, down = len(service.storage.gets), relay.down
     client: Artifacts = service.client("gcp", "us-central1")
     got = await asyncio.to_thread(client.read, ORG, "ckpt", version, out)
     assert got.size == SIZE and out.read_bytes() == data
-    assert relay.cuts >= SIZE // (5 * MiB + 12_345) - 1
+    # each connection passes at most `cap`; at most PARALLEL_RANGES are open at the end,
+    # uncut: the others were all cut
+    assert relay.cuts >= SIZE // cap - reads.PARALLEL_RANGES, relay.cuts
     # every connection is cut before a part's end (16 MiB): a read that began a part or a
     # range again would never finish; each try asked for what was missing, so what came
     # is the version and what was in flight on the other connection when one was cut
@@ -351,4 +354,6 @@ def test_a_read_cut_and_expired_on_versitygw_goes_on(
     assert reads.download(found(expired=True), out, 30.0, relocate=relocate) == size
     assert relocated == [1]
     assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(data).digest()
-    assert relay.down - down < size - held + 64 * 1024  # only what it lacked
+    # only what it lacked: a part fetched again would be MiBs; the slack is the answers'
+    # heads and the first read's last relayed blocks (64 KiB each) still in flight
+    assert relay.down - down < size - held + 256 * 1024, (relay.down - down, size - held)
