@@ -253,3 +253,21 @@ async def test_directories_and_o41_paths_use_the_cache(service: Service, tmp_pat
     await asyncio.to_thread(through_o41)
     assert (len(service.storage.gets), len(service.storage.signed)) == (gets, signed)
     assert await _read_bytes_counted(service) == counted  # hits are no reads
+
+
+async def test_a_cache_folder_it_cannot_write_reads_from_the_bucket(
+    service: Service, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a pod with a read-only root filesystem: the default folder cannot be made there
+    # (here: a file stands where a folder of the path must be, ENOTDIR, which root cannot
+    # write past either); the reads must still return the bytes, from the bucket
+    (tmp_path / "ro").write_bytes(b"")
+    client = _client(service, Cache(tmp_path / "ro" / "o41" / "artifacts"))
+    version, data = await _write(service, tmp_path, MiB)
+    for n in (1, 2):
+        back = await asyncio.to_thread(client.read, ORG, "ckpt", version, tmp_path / f"o{n}")
+        assert back.locality == "cross-cloud" and (tmp_path / f"o{n}").read_bytes() == data
+    assert await asyncio.to_thread(client.read_bytes, ORG, "ckpt", version) == data
+    assert len(_gets_of(service, version)) >= 3  # every read went to the bucket
+    said = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(said) == 1 and "O41_ARTIFACTS_CACHE" in said[0], said

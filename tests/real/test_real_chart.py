@@ -310,7 +310,13 @@ def test_the_example_job_completes_on_real_pods(
         for p in pods
         if p["status"]["phase"] == "Succeeded"
     }
-    assert outcome == "Complete", (logs, installed.diagnose())
+    if outcome != "Complete":
+        failed = {
+            p["metadata"]["name"]: installed.kubectl("logs", "-n", ns, p["metadata"]["name"])
+            for p in pods
+            if p["status"]["phase"] == "Failed"
+        }
+        raise AssertionError(f"job {ns}/{name}: {outcome}\n{failed}\n{installed.diagnose()}")
     status = installed.json("job", name, "-n", ns)["status"]
     assert status["succeeded"] == 2
     assert status.get("failed", 0) == 0

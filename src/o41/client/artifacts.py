@@ -389,13 +389,16 @@ class Artifacts:
     ) -> Got | None:
         """The version id ``version`` (``path``: one file of a directory version) from
         this node's cache, fetched into it first if it is not there (``locate`` signs the
-        download: only then is the read counted); None without a cache or for a version
-        larger than it holds. :class:`~o41.client.cache.Bypass` carries the read answer of
-        one found too large only once located. ``expect``: what the service says of it
+        download: only then is the read counted); None without a cache, with one this
+        process cannot write, or for a version larger than it holds.
+        :class:`~o41.client.cache.Bypass` carries the read answer of one found too large
+        only once located. ``expect``: what the service says of it
         (size, MD5), checked against the entry."""
         cache = self.cache
         if cache is None or (expect is not None and not cache.fits(expect["size"])):
             return None
+        if not cache.usable():
+            return None  # said once in the log; the caller reads from the bucket
 
         def fetch(data: Path) -> Mapping[str, Any]:
             found = locate()

@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -138,6 +139,7 @@ class Cache:
     def __init__(self, root: str | os.PathLike[str], limit: int = DEFAULT_SIZE) -> None:
         self.root = Path(root)
         self.limit = limit
+        self._usable: bool | None = None
 
     def __repr__(self) -> str:
         return f"Cache({str(self.root)!r}, limit={self.limit})"
@@ -170,6 +172,28 @@ class Cache:
 
     def fits(self, size: int) -> bool:
         return size <= self.limit
+
+    def usable(self) -> bool:
+        """Whether this process can keep entries under the root, tried once. A pod with a
+        read-only root filesystem (or a folder it may not write) reads from the buckets
+        without a cache, said once in the log, rather than failing its reads."""
+        if self._usable is None:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd, probe = tempfile.mkstemp(prefix=".probe-", dir=self.root)
+                os.close(fd)
+                os.unlink(probe)
+                self._usable = True
+            except OSError as e:
+                log.warning(
+                    "cache: %s cannot be written (%s): reading from the buckets without a "
+                    "cache; set %s to a writable folder (an emptyDir in a pod), or to off",
+                    self.root,
+                    e.strerror or e,
+                    ENV_CACHE,
+                )
+                self._usable = False
+        return self._usable
 
     def entry(self, organization: str, artifact: str, version: str, path: str = "") -> Entry:
         key = {"organization": organization, "artifact": artifact, "version": version, "path": path}
