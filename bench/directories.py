@@ -67,10 +67,17 @@ class Timed(Artifacts):
         super().__init__(*args, **kw)
         self.timings: dict[str, float] = {}
 
-    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        idempotent: bool | None = None,
+    ) -> Any:
         t = time.perf_counter()
         try:
-            return super().call(method, path, body)
+            return super().call(method, path, body, idempotent=idempotent)
         finally:
             route = "commit" if path.endswith("/commit") else path.split("?")[0].rsplit("/", 1)[-1]
             self.timings[route] = self.timings.get(route, 0.0) + time.perf_counter() - t

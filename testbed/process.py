@@ -13,8 +13,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 LOOPBACK = "127.0.0.1"
 
@@ -130,7 +132,7 @@ class Server:
     def start(self) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = _popen(
                 [*_die_with_parent(), *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -189,6 +191,23 @@ class Server:
         # children left in the group (a shell's, node's workers) go too
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+#: The thread every server not started from the main thread is forked from.
+_spawner = ThreadPoolExecutor(1, thread_name_prefix="testbed-spawner")
+
+
+def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` from a thread that lives as long as this process. The
+    kernel's parent-death signal (:func:`_die_with_parent`) fires when the *thread* that
+    forked the child ends, not the process: a server restarted by a test's short-lived
+    fault thread was SIGKILLed the moment that thread returned."""
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(argv, **kwargs)
+    started: subprocess.Popen[bytes] = _spawner.submit(
+        lambda: subprocess.Popen(argv, **kwargs)
+    ).result()
+    return started
 
 
 def _die_with_parent() -> list[str]:

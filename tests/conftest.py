@@ -8,6 +8,9 @@ import os
 # the test's tmp path, never the user's ~/.cache). Subprocesses inherit both.
 os.environ["O41_ARTIFACTS_CACHE"] = "off"
 os.environ["O41_ARTIFACTS_PROGRESS"] = "0"
+# A test that stops a service expects its clients to fail soon, not to wait out a
+# training job's few minutes of retries; the retries' own tests set their deadline.
+os.environ.setdefault("O41_ARTIFACTS_RETRY_DEADLINE", "10")
 
 pytest_plugins = [
     "fixtures.stores",

@@ -242,8 +242,11 @@ class Client:
     ``endpoint`` (default ``$O41_ARTIFACTS_ENDPOINT``), ``token_file`` (default
     ``$O41_ARTIFACTS_TOKEN_FILE``, else ``$O41_ARTIFACTS_TOKEN``, else the pod's
     ServiceAccount token), ``place`` (default: detected once), ``timeout`` (seconds, default
-    60) and ``ca_file`` (the CA bundle of an ``https://`` service of a private CA, default
-    ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots) make its
+    60), ``ca_file`` (the CA bundle of an ``https://`` service of a private CA, default
+    ``$O41_ARTIFACTS_CA_FILE``; neither: the system's roots), ``token`` (the token itself,
+    default ``$O41_ARTIFACTS_TOKEN`` unless a token file is given) and ``retry_deadline``
+    (seconds a call is tried for while the service blinks, default
+    ``$O41_ARTIFACTS_RETRY_DEADLINE``, else 300; 0: no retries) make its
     ``o41.client.connection.Connection``; or give ``connection``, one made already (then
     none of the others). :attr:`collections` are ``sky``'s over the same connection.
 
@@ -260,16 +263,20 @@ class Client:
         timeout: float | None = None,
         ca_file: str | None = None,
         *,
+        token: str | None = None,
+        retry_deadline: float | None = None,
         connection: Connection | None = None,
         cache: CacheSetting = None,
     ) -> None:
         connection = connection_of(
             connection,
             endpoint=endpoint,
+            token=token,
             token_file=token_file,
             place=place,
             timeout=timeout,
             ca_file=ca_file,
+            retry_deadline=retry_deadline,
         )
         self._api = Artifacts(connection=connection, cache=cache)
         self._collections: _collections.Client | None = None
@@ -569,15 +576,26 @@ def configure(
     timeout: float | None = None,
     ca_file: str | None = None,
     *,
+    token: str | None = None,
+    retry_deadline: float | None = None,
     connection: Connection | None = None,
     cache: CacheSetting = None,
 ) -> Client:
     """Make the client the module's functions use (by default: on first use, from the
-    environment), as :class:`Client` takes its settings."""
+    environment), as :class:`Client` takes its settings (every one of them: a test keeps
+    the two signatures the same)."""
     global _default
     with _lock:
         _default = Client(
-            endpoint, token_file, place, timeout, ca_file, connection=connection, cache=cache
+            endpoint,
+            token_file,
+            place,
+            timeout,
+            ca_file,
+            token=token,
+            retry_deadline=retry_deadline,
+            connection=connection,
+            cache=cache,
         )
         return _default
 

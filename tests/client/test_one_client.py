@@ -19,6 +19,7 @@ from o41 import artifacts, sky
 from o41.client import collections as client_collections
 from o41.client import errors, place, tls, transport
 from o41.client.connection import Connection
+from o41.client.errors import ConnectError
 from o41.core.places import Place
 from test_writes import Service, serve
 from testbed.locations import ORG
@@ -175,16 +176,18 @@ async def test_a_token_the_service_refuses_is_one_class_whichever_side(
 
 def test_a_service_that_does_not_answer_is_one_class_whichever_side() -> None:
     nobody = f"http://{LOOPBACK}:{free_port()}"  # nothing listens there
-    client = artifacts.Client(nobody, place=PLACE, timeout=5)
+    # no retries: what the retries end with is tests/client/test_hub_blink.py's
+    client = artifacts.Client(nobody, place=PLACE, timeout=5, retry_deadline=0)
     from_artifacts = raised(lambda: client.latest(ORG, "m"))
     from_collections = raised(lambda: client.collections.dict("d").get("k"))
-    assert type(from_artifacts) is type(from_collections) is artifacts.TransportError
+    assert type(from_artifacts) is type(from_collections) is ConnectError
     for error in (from_artifacts, from_collections):
+        assert isinstance(error, artifacts.TransportError) and not error.sent
         assert isinstance(error, sky.Unavailable) and isinstance(error, ConnectionError)
         assert error.status is None  # no answer, no status
-    # each side's message, as before
-    assert f"the placement service at {nobody} did not answer" in str(from_artifacts)
-    assert "cannot reach the collections service" in str(from_collections)
+        # one message for both sides: what was not reached, and what to check
+        assert f"cannot reach the placement service at {nobody}" in str(error)
+        assert "check O41_ARTIFACTS_ENDPOINT" in str(error)
 
 
 async def test_one_clients_token_and_endpoint_reach_both_sides(service: Service) -> None:
@@ -291,9 +294,13 @@ def test_a_value_over_the_limit_is_the_413_class_before_it_is_sent() -> None:
     assert "value too large" in str(error)
 
 
-def test_the_filesystem_raises_a_service_that_is_down_never_an_empty_listing() -> None:
+def test_the_filesystem_raises_a_service_that_is_down_never_an_empty_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """fsspec takes an OSError in walk and isdir for "no such path"; Unavailable is a
-    ConnectionError, and a service that does not answer must not read as nothing there."""
+    ConnectionError, and a service that does not answer must not read as nothing there.
+    (What it raises after the retries: without them here, else each waits 300 s.)"""
+    monkeypatch.setenv("O41_ARTIFACTS_RETRY_DEADLINE", "0")
     fs = fsspec.filesystem(
         "o41",
         endpoint=f"http://{LOOPBACK}:{free_port()}",
@@ -320,3 +327,23 @@ async def test_the_filesystem_still_omits_a_path_that_is_not_there(service: Serv
     )
     assert await asyncio.to_thread(fs.find, f"{ORG}/never-written") == []
     assert await asyncio.to_thread(fs.isdir, f"{ORG}/never-written") is False
+
+
+def test_configure_takes_what_client_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39, point 7: ``artifacts.configure`` takes every setting ``artifacts.Client``
+    takes, by the same names, defaults and kinds (``ca_file``, ``token``,
+    ``retry_deadline`` ...), and hands each on."""
+    import inspect
+
+    made = inspect.signature(artifacts.Client.__init__).parameters
+    configured = inspect.signature(artifacts.configure).parameters
+    assert [p for p in made if p != "self"] == list(configured)
+    for name, parameter in configured.items():
+        assert (parameter.kind, parameter.default) == (made[name].kind, made[name].default), name
+    monkeypatch.setattr(artifacts, "_default", None)  # the module's client, as it was after
+    client = artifacts.configure(
+        "http://127.0.0.1:1", ca_file="/ca.crt", token="t", retry_deadline=7
+    )
+    assert client.connection.ca_file == "/ca.crt"
+    assert client.connection.bearer() == "t"
+    assert client.connection.retry_deadline == 7.0

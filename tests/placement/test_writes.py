@@ -30,7 +30,7 @@ from o41.state import Store
 from o41.state.memory import MemoryStore
 from o41.storage import MultipartUpload, ObjectStat, Part, Reason, StorageError
 from o41.webhook.app import Settings, make_app
-from o41.webhook.cluster.view import Cluster, View, organization_source
+from o41.webhook.cluster.view import VIEW, Cluster, View, organization_source
 from testbed.locations import ORG, Keys, location
 from testbed.standin_bucket import StandInBucket, Storage, Stored
 from testbed.usage import FakeReviewer
@@ -496,3 +496,32 @@ async def test_a_long_write_signs_its_parts_again_before_they_expire(
     assert len(signed) > 2  # the two parts of begin, and again
     got, _ = await asyncio.to_thread(client.read_bytes, ORG, "long", written.version)
     assert got == data
+
+
+async def test_a_service_still_loading_its_view_asks_to_retry_and_the_client_waits(
+    service: Service, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A service just started listens before it listed the cluster: answered from the
+    # half-loaded view a begin would be a wrong 409 (seen on a restarted replica)
+    assert service.app is not None
+    synced = service.app[VIEW].synced
+    synced.clear()
+    status, body = await service.api(
+        "POST", "/v1/writes", {"organization": ORG, "artifact": "m", "size": 3}
+    )
+    assert status == 503 and "still loading" in body["error"], body
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{service.url}/v1/organizations/{ORG}/artifacts") as r:
+            assert (r.status, r.headers.get("Retry-After")) == (503, "1")
+        async with s.get(f"{service.url}/healthz") as r:
+            assert r.status == 200  # alive: not restarted by its probe while it loads
+        async with s.get(f"{service.url}/readyz") as r:
+            assert r.status == 503
+    data = tmp_path / "m"
+    data.write_bytes(b"abc")
+    client = service.client("aws", "us-east-1")
+    asyncio.get_running_loop().call_later(1.5, synced.set)  # loaded 1.5 s later
+    with caplog.at_level(logging.WARNING, logger="o41"):
+        written = await asyncio.to_thread(client.write, ORG, "m", data)
+    assert written.location == "east"
+    assert any("still loading" in r.getMessage() for r in caplog.records), caplog.text

@@ -59,8 +59,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "o41") -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_CONFIG
+    from o41.cli.common import fail
+    from o41.client.errors import O41Error
+
     try:
         return handler(args)
+    except O41Error as e:  # a client error a handler did not say itself: said, no traceback
+        return fail(args, e)
     except ModuleNotFoundError as e:  # a platform admin's command on the light install
         if not e.name or e.name.split(".")[0] == "o41":
             raise

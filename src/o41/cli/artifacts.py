@@ -180,8 +180,8 @@ def _when(t: float) -> str:
 def _versions(args: argparse.Namespace) -> int:
     import json
 
-    api = _artifacts(args)
     try:
+        api = _artifacts(args)  # no endpoint: said as an error, never a traceback
         if args.artifact is None:
             page = api.artifacts_page(args.org, args.cursor, args.limit)
         else:
@@ -214,8 +214,8 @@ def _versions(args: argparse.Namespace) -> int:
 def _tag(args: argparse.Namespace) -> int:
     import json
 
-    api = _artifacts(args)
     try:
+        api = _artifacts(args)
         if args.name is None:
             found: object = {"tags": api.tags(args.org, args.artifact)}
         elif args.delete:

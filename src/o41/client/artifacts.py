@@ -151,6 +151,8 @@ class Artifacts:
         timeout: float | None = None,
         ca_file: str | None = None,
         *,
+        token: str | None = None,
+        retry_deadline: float | None = None,
         connection: Connection | None = None,
         cache: CacheSetting = None,
     ) -> None:
@@ -158,10 +160,12 @@ class Artifacts:
         self.connection = connection_of(
             connection,
             endpoint=endpoint,
+            token=token,
             token_file=token_file,
             place=place,
             timeout=timeout,
             ca_file=ca_file,
+            retry_deadline=retry_deadline,
         )
         self.connection.url  # noqa: B018 - no endpoint: said now, not at the first call
 
@@ -181,9 +185,18 @@ class Artifacts:
     def place(self) -> Place:
         return self.connection.place
 
-    def call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
-        """One JSON call to the service (:meth:`Connection.request`)."""
-        return self.connection.request(method, path, body)
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        idempotent: bool | None = None,
+    ) -> Any:
+        """One JSON call to the service (:meth:`Connection.request`: retried within the
+        connection's deadline; ``idempotent``, default a GET, says whether sending it
+        twice does what sending it once does)."""
+        return self.connection.request(method, path, body, idempotent=idempotent)
 
     # ----------------------------------------------------------------------------- write
 
@@ -250,8 +263,10 @@ class Artifacts:
             request["crc32"] = part_checksums(source, size, part_size)
 
         def begin(exclude: list[str]) -> Mapping[str, Any]:
+            # idempotent: a begin sent twice leaves a second pending write that nobody
+            # commits; its lease expires and the sweeper aborts its upload
             began: Mapping[str, Any] = self.call(
-                "POST", "/v1/writes", {**request, "exclude": exclude}
+                "POST", "/v1/writes", {**request, "exclude": exclude}, idempotent=True
             )
             return began
 
@@ -352,7 +367,7 @@ class Artifacts:
 
         def sign(parts: list[int]) -> Mapping[str, Any]:
             answer: Mapping[str, Any] = self.call(
-                "POST", f"/v1/writes/{_q(version)}/parts", {"parts": parts}
+                "POST", f"/v1/writes/{_q(version)}/parts", {"parts": parts}, idempotent=True
             )
             return answer
 
@@ -608,6 +623,7 @@ class Artifacts:
             "PUT",
             f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags/{_q(tag)}",
             body,
+            idempotent=not check,  # a compare-and-set answers 409 to its own repeat
         )
         return moved
 

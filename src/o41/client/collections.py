@@ -121,6 +121,14 @@ class _Collection:
         args["consistency"] = self.consistency
         return self._client.transport.call(self._client.compute, self.kind, self.name, op, args)
 
+    def _call_within(self, deadline: float | None, op: str, **args: Any) -> builtins.dict[str, Any]:
+        """:meth:`_call`, retried while the service cannot answer for at most ``deadline``
+        seconds (None: the connection's retry deadline)."""
+        args["consistency"] = self.consistency
+        return self._client.transport.call(
+            self._client.compute, self.kind, self.name, op, args, deadline=deadline
+        )
+
     def __repr__(self) -> str:
         return f"sky.{self.kind}({self.name!r}, consistency={self.consistency!r})"
 
@@ -320,7 +328,8 @@ class Barrier(_Collection):
         generation = -1
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
-            answer = self._call(
+            answer = self._call_within(
+                None if deadline is None else remaining,  # a blink: retried within the wait
                 "wait",
                 parties=self.parties,
                 participant=participant,
@@ -396,7 +405,8 @@ class Lock(_Collection):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = MAX_WAIT * 2 if deadline is None else max(0.0, deadline - time.monotonic())
-            answer = self._call(
+            answer = self._call_within(
+                None if deadline is None else remaining,  # a blink: retried within the wait
                 "acquire",
                 owner=owner,
                 session=self._client.session,
@@ -418,7 +428,9 @@ class Lock(_Collection):
     def _refresh(self) -> bool:
         """One keep-alive (from the client's keeper thread): whether to go on."""
         try:
-            if self._call("keepalive", **self._held())["alive"]:
+            # retried only while the lease may still be alive; the keeper refreshes others
+            within = max(0.0, self.ttl / 3)
+            if self._call_within(within, "keepalive", **self._held())["alive"]:
                 self._alive = time.monotonic()
                 return True
             why = "the service says its lease is gone"

@@ -8,7 +8,9 @@ sends its calls through :meth:`Connection.request`, and the collections' transpo
 (``o41.client.transport.HttpTransport``) opens its sockets with the connection's endpoint,
 token and TLS context, so one connection serves both sides with the same settings and
 both say the same errors (``o41.client.errors``). What is said of the service as a whole
-(retries within a deadline, a proxy, a download cache) belongs here too.
+belongs here too: every call is tried again within the retry deadline when the service
+blinks (``o41.client.backoff`` says what is retried), each attempt with a connect and a
+read timeout, through the proxy the environment names (``o41.client.transfers.proxy_for``).
 
 The environment, read by :class:`Connection` alone:
 
@@ -18,6 +20,10 @@ The environment, read by :class:`Connection` alone:
                             token file is given
 ``O41_ARTIFACTS_TOKEN_FILE`` the token's file, else the pod's ServiceAccount token
 ``O41_ARTIFACTS_CA_FILE``   the CA bundle of an ``https://`` service, when none is given
+``O41_ARTIFACTS_RETRY_DEADLINE`` seconds a call is tried for when the service blinks
+                            (default 300; 0: no retries), when no ``retry_deadline``
+``HTTPS_PROXY``, ...        the proxy (``HTTP_PROXY``, ``NO_PROXY``, lowercase too), as
+                            requests reads them
 ========================== ==============================================================
 
 Standard library only; pods import it at start-up, so what only the artifacts' calls
@@ -34,7 +40,16 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from o41.client.errors import ConfigError, TransportError, service_error
+from o41.client import backoff
+from o41.client.backoff import ENV_DEADLINE, Retries, deadline_of, operation_id
+from o41.client.errors import (
+    ConfigError,
+    ConnectError,
+    O41Error,
+    TransportError,
+    Unauthorized,
+    service_error,
+)
 from o41.client.tls import ENV_CA_FILE, ca_file_of, service_context, untrusted
 
 if TYPE_CHECKING:
@@ -46,10 +61,12 @@ ENV_TOKEN_FILE = "O41_ARTIFACTS_TOKEN_FILE"  # noqa: S105 - a variable name
 ENV_TOKEN = "O41_ARTIFACTS_TOKEN"  # noqa: S105 - a variable name
 SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 - a path
 DEFAULT_TIMEOUT = 60.0  # seconds to wait for an answer
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ENV_CA_FILE",
+    "ENV_DEADLINE",
     "ENV_ENDPOINT",
     "ENV_TOKEN",
     "ENV_TOKEN_FILE",
@@ -68,8 +85,19 @@ class Connection:
     else the pod's ServiceAccount token), read again as it rotates. ``ca_file``: the CA
     bundle that checks an ``https://`` service (default ``$O41_ARTIFACTS_CA_FILE``;
     neither: the system's roots). ``place``: this pod's place (default: detected once per
-    process, on first use). ``timeout``: seconds to wait for an answer (default 60).
+    process, on first use). ``timeout``: seconds to wait for an answer (default 60; a
+    call that waits on the service, a barrier's or a lock's, gets its wait on top).
+    ``connect_timeout``: seconds to connect (default 10). ``retry_deadline``: seconds a
+    call is tried for while the service cannot answer (default
+    ``$O41_ARTIFACTS_RETRY_DEADLINE``, else 300; 0: no retries; ``o41.client.backoff``).
+
+    :attr:`operation_ids` (issue 39, point 2's switch, ``backoff.OPERATION_IDS``): whether
+    the calls that are not idempotent send their operation id, and so may be retried.
     """
+
+    #: Whether a call that is not idempotent sends its operation id (and is then retried as
+    #: an idempotent one is): on once the service remembers them (issue 39, point 2).
+    operation_ids: bool = backoff.OPERATION_IDS
 
     def __init__(
         self,
@@ -80,22 +108,32 @@ class Connection:
         ca_file: str | None = None,
         place: Place | None = None,
         timeout: float | None = None,
+        connect_timeout: float | None = None,
+        retry_deadline: float | None = None,
     ) -> None:
         endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
         self.endpoint: str | None = endpoint.rstrip("/") if endpoint else None
-        self.token_file: str = token_file or os.environ.get(ENV_TOKEN_FILE) or SA_TOKEN
+        named = token_file or os.environ.get(ENV_TOKEN_FILE)
+        self.token_file: str = named or SA_TOKEN
+        self._named_file = bool(named)  # a file the user named: it must be there
         if not token and not token_file:
             token = os.environ.get(ENV_TOKEN, "").strip()
         self._token = token or None
         self._read = (float("-inf"), "")  # when the token file was last read, and what
+        self._missing: str | None = None  # why the token file gave no token, if it did not
         self.ca_file: str | None = ca_file_of(ca_file)
         self.timeout: float = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.connect_timeout: float = (
+            backoff.CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
+        )
+        self.retry_deadline: float = deadline_of(retry_deadline)
         self._place = place
 
     def __repr__(self) -> str:
         return (
             f"Connection({self.endpoint!r}, token_file={self.token_file!r}, "
-            f"ca_file={self.ca_file!r}, timeout={self.timeout!r})"
+            f"ca_file={self.ca_file!r}, timeout={self.timeout!r}, "
+            f"retry_deadline={self.retry_deadline!r})"
         )
 
     @property
@@ -128,10 +166,28 @@ class Connection:
             try:
                 with open(self.token_file) as f:
                     token = f.read().strip()
-            except OSError:
-                token = ""
+                self._missing = None if token else f"the token file {self.token_file} is empty"
+            except OSError as e:
+                why = e.strerror or type(e).__name__
+                if self._named_file:  # named by the user: said now, naming it
+                    raise ConfigError(
+                        f"cannot read the token file {self.token_file}: {why}; fix "
+                        f"--token-file or {ENV_TOKEN_FILE}, or set {ENV_TOKEN}"
+                    ) from None
+                token = ""  # not in a pod: no token, and a 401 says which file was missing
+                self._missing = (
+                    f"no token was sent: {self.token_file} (the pod's ServiceAccount token) "
+                    f"cannot be read ({why}); outside a pod set {ENV_TOKEN} or "
+                    f"{ENV_TOKEN_FILE}"
+                )
             self._read = (time.monotonic(), token)
         return token
+
+    def unauthorized(self, error: O41Error) -> O41Error:
+        """``error`` (a 401), its message saying why no token was sent, when none was."""
+        if isinstance(error, Unauthorized) and self._token is None and self._missing:
+            error.args = (f"{error}; {self._missing}", *error.args[1:])
+        return error
 
     def forget_token(self) -> None:
         """Read the token file again on the next :meth:`bearer` (the service said the
@@ -149,34 +205,80 @@ class Connection:
         for any other error); ``shown``: the endpoint as the message names it."""
         return untrusted(error, shown or self.url, self.ca_file)
 
-    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        idempotent: bool | None = None,
+        wait: float = 0.0,
+    ) -> Any:
         """One JSON call to the service (``path`` from the root, with its query): its JSON
         answer; an answer of 400 or more raises its :func:`~o41.client.errors.service_error`,
-        no answer :class:`~o41.client.errors.TransportError`."""
+        no answer :class:`~o41.client.errors.TransportError`. Tried again within
+        :attr:`retry_deadline` when the service blinks, as ``o41.client.backoff`` says:
+        ``idempotent`` (default: a GET or HEAD) says whether sending it twice does what
+        sending it once does. ``wait``: seconds the service may wait before it answers (a
+        long poll), on top of the read timeout."""
+        if idempotent is None:
+            idempotent = method in IDEMPOTENT_METHODS
+        operation = None if idempotent else operation_id()
+        retries = Retries(self.retry_deadline, f"{method} {path.partition('?')[0]}")
+        while True:
+            try:
+                return self._send(method, path, body, wait, operation)
+            except O41Error as e:
+                safe = idempotent or self.operation_ids
+                if not retries.again(e, safe):
+                    if isinstance(e, TransportError) and e.sent and not safe:
+                        e.args = (f"{e}; the request may or may not have been applied",)
+                    raise
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None,
+        wait: float,
+        operation: str | None,
+    ) -> Any:
+        """One attempt of :meth:`request`."""
+        import http.client
+
         from o41.client.transfers import connection as http_connection  # the artifacts' alone
 
         endpoint = self.url
-        conn, target = http_connection(endpoint + path, self.timeout, self.tls())
+        read_timeout = self.timeout + wait
+        conn, target = http_connection(endpoint + path, read_timeout, self.tls())
         headers = {"Accept": "application/json"}
         token = self.bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        if operation is not None and self.operation_ids:
+            headers[backoff.OPERATION_HEADER] = operation
         data = None
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         try:
-            conn.request(method, target, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-        except OSError as e:
-            refused = self.untrusted(e)
-            if refused is not None:
-                raise TransportError(refused) from None
-            raise TransportError(
-                f"the placement service at {endpoint} did not answer: {e}; check "
-                f"{ENV_ENDPOINT} and that the service runs, then retry"
-            ) from None
+            conn.timeout = self.connect_timeout  # the connection, a tunnel, TLS: this long
+            try:
+                conn.connect()
+            except OSError as e:
+                raise self.unreached(e) from None
+            assert conn.sock is not None
+            conn.sock.settimeout(read_timeout)
+            try:
+                conn.request(method, target, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                raise TransportError(
+                    f"the placement service at {endpoint} did not answer: "
+                    f"{_why(e, read_timeout)}; check {ENV_ENDPOINT} and that the service "
+                    "runs, then retry"
+                ) from None
         finally:
             conn.close()
         try:
@@ -186,8 +288,37 @@ class Connection:
         if resp.status >= 400:
             message = answer.get("error") if isinstance(answer, dict) else None
             found = answer if isinstance(answer, dict) else {}
-            raise service_error(resp.status, str(message or f"HTTP {resp.status}"), found)
+            error = service_error(
+                resp.status,
+                str(message or f"HTTP {resp.status}"),
+                found,
+                resp.getheader("Retry-After"),
+            )
+            raise self.unauthorized(error)
         return answer
+
+    def unreached(self, e: OSError, shown: str | None = None) -> TransportError:
+        """The error of a connection to the service (``shown``: the endpoint as the message
+        names it) that failed before anything was sent: :class:`ConnectError`, which is
+        safe to retry, or a :class:`TransportError` that is not retried (a certificate
+        this pod does not trust)."""
+        where = shown or self.url
+        refused = self.untrusted(e, shown)
+        if refused is not None:
+            error = TransportError(refused)
+            error.retryable = False
+            return error
+        return ConnectError(
+            f"cannot reach the placement service at {where}: {_why(e, self.connect_timeout)}; "
+            f"check {ENV_ENDPOINT} and that the service runs, then retry"
+        )
+
+
+def _why(e: BaseException, timeout: float) -> str:
+    """What a failed exchange says: a timeout names its seconds."""
+    if isinstance(e, TimeoutError):  # socket.timeout too
+        return f"no answer within {timeout:g} s (timed out)"
+    return str(e) or type(e).__name__
 
 
 def connection_of(connection: Connection | None, **settings: Any) -> Connection:

@@ -173,8 +173,10 @@ def write_dir(
         request["tag"] = tag
 
     def begin(exclude: list[str]) -> Mapping[str, Any]:
+        # idempotent: a begin sent twice leaves a second pending write that nobody commits;
+        # its lease expires and the sweeper deletes the files it had (none: never sent)
         began: Mapping[str, Any] = api.call(
-            "POST", "/v1/directories", {**request, "exclude": exclude}
+            "POST", "/v1/directories", {**request, "exclude": exclude}, idempotent=True
         )
         return began
 

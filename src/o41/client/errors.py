@@ -13,7 +13,9 @@ classes and no others of their own; an HTTP status becomes its class in one plac
     │   └── CaFileError               O41_ARTIFACTS_CA_FILE unreadable, or no certificate
     ├── Unavailable (ConnectionError) the service cannot answer now: retry shortly
     │   └── TransportError            it did not answer (refused, reset, timed out, a
-    │                                 certificate this pod does not trust)
+    │       │                         certificate this pod does not trust); .sent
+    │       └── ConnectError          it was not reached: nothing was sent (refused, no
+    │                                 such host, the connection or TLS handshake failed)
     ├── ServiceError                  the service answered a refusal: .status, .body
     │   ├── BadRequest (ValueError)   400, 415, 422: the message names the field
     │   │   └── TooLarge              413: a value or body over a limit
@@ -22,9 +24,9 @@ classes and no others of their own; an HTTP status becomes its class in one plac
     │   │   └── Forbidden             403: the namespace may not use this
     │   ├── NotFound                  404
     │   ├── Conflict (ValueError)     409: .current (where a tag points now)
-    │   ├── LimitReached              429, 507: a quota, a rate (.retry_after) or the state
-    │   │                             store's space
+    │   ├── LimitReached              429, 507: a quota, a rate or the state store's space
     │   └── ServiceUnavailable        503 and other 5xx (an Unavailable too)
+    │                                 (every ServiceError: .retry_after, when it said)
     ├── UploadFailed                  the bucket did not take the bytes
     └── Damaged                       bytes read back differ from those written: .part
 
@@ -101,7 +103,23 @@ class Unavailable(O41Error, ConnectionError):
 
 class TransportError(Unavailable):
     """The placement service did not answer (refused, reset, timed out, or its certificate
-    is not one this pod trusts): check the endpoint, then retry."""
+    is not one this pod trusts): check the endpoint, then retry.
+
+    ``sent``: whether the request may have reached the service (then a write may or may
+    not have been applied); ``retryable``: False when waiting cannot help (a certificate
+    this pod does not trust). The client's own retries (``o41.client.backoff``) read
+    both."""
+
+    sent: bool = True
+    retryable: bool = True
+
+
+class ConnectError(TransportError):
+    """The placement service was not reached: the connection (or a proxy's tunnel, or the
+    TLS handshake) failed before the request was sent (refused, no such host, timed out
+    connecting), so nothing was applied and sending it again is safe."""
+
+    sent = False
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -112,11 +130,23 @@ class ServiceError(O41Error):
     ``body`` its JSON answer (``body["error"]`` is the message)."""
 
     status: int
+    _after: float | None = None  # the answer's Retry-After header, in seconds
 
     def __init__(self, status: int, message: str, body: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body = _EMPTY if body is None else body
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the service asked to wait before trying again (its ``Retry-After``
+        header, or a WebSocket answer's ``retry_after``), or None when it did not say."""
+        if self._after is not None:
+            return self._after
+        value = self.body.get("retry_after")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            return value
+        return None
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as made (an error raised in a worker process reaches its parent)."""
@@ -166,11 +196,6 @@ class LimitReached(ServiceError):
     the service said), or the state store's space. The message says the usage, the limit
     and what to do."""
 
-    @property
-    def retry_after(self) -> int | None:
-        value = self.body.get("retry_after")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 class ServiceUnavailable(ServiceError, Unavailable):
     """503 and other 5xx: the service answered that it cannot do it now (a location whose
@@ -195,13 +220,41 @@ BY_STATUS: Mapping[int, type[ServiceError]] = MappingProxyType(
 )
 
 
-def service_error(status: int, message: str, body: Mapping[str, Any] | None = None) -> ServiceError:
+def service_error(
+    status: int,
+    message: str,
+    body: Mapping[str, Any] | None = None,
+    retry_after: str | None = None,
+) -> ServiceError:
     """The error of the service's answer ``status`` (``message``: its ``error``; ``body``:
-    the whole JSON answer)."""
+    the whole JSON answer; ``retry_after``: its ``Retry-After`` header, if any)."""
     cls = BY_STATUS.get(status)
     if cls is None:
         cls = ServiceUnavailable if status >= 500 else ServiceError
-    return cls(status, message, body)
+    error = cls(status, message, body)
+    if retry_after is not None:
+        error._after = retry_after_seconds(retry_after)
+    return error
+
+
+def retry_after_seconds(value: str, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds: delay-seconds, or an HTTP date (RFC 9110
+    10.2.3) less ``now`` (epoch seconds; default: the clock), never below 0; None when it
+    is neither."""
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    import email.utils  # an HTTP date: rare, and not worth the import at start-up
+
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    import time
+
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 InvalidRequest = BadRequest  # the collections' name (sky.InvalidRequest)
@@ -233,6 +286,7 @@ __all__ = [
     "CollectionError",
     "ConfigError",
     "Conflict",
+    "ConnectError",
     "Damaged",
     "Forbidden",
     "InvalidRequest",
@@ -249,5 +303,6 @@ __all__ = [
     "Unavailable",
     "UploadFailed",
     "ValueTooLarge",
+    "retry_after_seconds",
     "service_error",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import socket
 import ssl
 import threading
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from o41.client.errors import ArtifactError, Damaged, UploadFailed
+from o41.client.errors import ArtifactError, ConfigError, Damaged, UploadFailed
 from o41.client.progress import Callback, Progress
 from o41.client.tls import system_context
 from o41.core.parts import crc32_b64, part_count
@@ -46,19 +47,25 @@ def connection(
 ) -> tuple[http.client.HTTPConnection, str]:
     """A connection to ``url``'s host and the request target. ``https``: checked with
     ``context`` (the placement service's, ``o41.client.tls.service_context``), by
-    default the system's roots (the buckets' pre-signed URLs)."""
+    default the system's roots (the buckets' pre-signed URLs). Through the proxy the
+    environment names for it (:func:`proxy_for`): an ``https`` URL through a CONNECT
+    tunnel (TLS end to end, checked against the URL's host), a plain ``http`` one in
+    absolute form. Not connected yet: ``connect()`` makes the connection, its tunnel and
+    its TLS handshake, the requests come after."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ArtifactError(f"not an http(s) URL: {url[:80]!r}")
+    proxy = proxy_for(parts)
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
+        host, port = (parts.hostname, parts.port) if proxy is None else proxy.address
         conn = http.client.HTTPSConnection(
-            parts.hostname,
-            parts.port,
-            timeout=timeout,
-            blocksize=BLOCK,
-            context=context or system_context(),
+            host, port, timeout=timeout, blocksize=BLOCK, context=context or system_context()
         )
+        if proxy is not None:
+            conn.set_tunnel(parts.hostname, parts.port or 443, headers=proxy.headers)
+    elif proxy is not None:
+        conn = _AbsoluteForm(*proxy.address, proxy.headers, timeout=timeout, blocksize=BLOCK)
     else:
         conn = http.client.HTTPConnection(
             parts.hostname, parts.port, timeout=timeout, blocksize=BLOCK
@@ -67,8 +74,112 @@ def connection(
 
 
 def target(parts: urllib.parse.SplitResult) -> str:
+    """The request target of a URL: its path and query, or the whole URL (absolute form)
+    when a plain ``http`` request goes through a proxy (:func:`proxy_for`)."""
     path = parts.path or "/"
-    return f"{path}?{parts.query}" if parts.query else path
+    path = f"{path}?{parts.query}" if parts.query else path
+    if parts.scheme == "http" and proxy_for(parts) is not None:
+        return f"http://{parts.netloc.rpartition('@')[2]}{path}"
+    return path
+
+
+class _AbsoluteForm(http.client.HTTPConnection):
+    """A plain ``http`` connection to a proxy: its requests name whole URLs (the caller's
+    target), each with the proxy's credentials, if any."""
+
+    def __init__(
+        self, host: str, port: int, proxy_headers: Mapping[str, str], **kwargs: Any
+    ) -> None:
+        super().__init__(host, port, **kwargs)
+        self._proxy_headers = dict(proxy_headers)
+
+    def putrequest(
+        self, method: str, url: str, skip_host: bool = False, skip_accept_encoding: bool = False
+    ) -> None:
+        super().putrequest(method, url, skip_host, skip_accept_encoding)
+        for name, value in self._proxy_headers.items():
+            self.putheader(name, value)
+
+
+class Proxy:
+    """A proxy on the way: where it listens, and the header its credentials make."""
+
+    def __init__(self, url: str) -> None:
+        given = url if "://" in url else f"http://{url}"  # "proxy:3128", as requests takes it
+        parts = urllib.parse.urlsplit(given)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ConfigError(
+                f"proxy {_shown(url)!r}: only http:// proxies are supported (an https:// URL "
+                "still goes through one, in a CONNECT tunnel): fix HTTPS_PROXY or HTTP_PROXY"
+            )
+        self.url = _shown(given)
+        self.address: tuple[str, int] = (parts.hostname, parts.port or 80)
+        self.headers: dict[str, str] = {}
+        if parts.username is not None:
+            import base64
+
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self.headers["Proxy-Authorization"] = f"Basic {basic}"
+
+
+def _shown(url: str) -> str:
+    """A proxy's URL without its password, to name it in a message."""
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, hostport = rest.rpartition("@")
+    return f"{scheme}{sep}{userinfo.partition(':')[0] + at if at else ''}{hostport}"
+
+
+_PROXY_ENV = (
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "REQUEST_METHOD",
+)
+_proxies: tuple[tuple[str | None, ...], dict[str, str], dict[tuple[str, str], Proxy | None]] = (
+    (None,) * len(_PROXY_ENV),
+    {},
+    {},
+)
+_proxies_lock = threading.Lock()
+
+
+def proxy_for(parts: urllib.parse.SplitResult) -> Proxy | None:
+    """The proxy a request to ``parts`` goes through, chosen as requests and urllib3 do
+    (``urllib.request.getproxies_environment`` and ``proxy_bypass_environment``):
+    ``https_proxy``/``HTTPS_PROXY`` for an ``https`` URL, ``http_proxy``/``HTTP_PROXY``
+    for an ``http`` one, ``all_proxy``/``ALL_PROXY`` for either (the lowercase name
+    first), unless ``no_proxy``/``NO_PROXY`` names the host (``*``, a name, a domain
+    suffix, ``host:port``). None: straight there. The environment is read at each call
+    (cheap while nothing there changed), so a variable set later is honoured."""
+    global _proxies
+    env = tuple(os.environ.get(name) for name in _PROXY_ENV)
+    if not any(env[:6]):
+        return None  # the common case: no proxy, and urllib.request never imported
+    host = parts.hostname or ""
+    hostport = f"{host}:{parts.port}" if parts.port else host
+    with _proxies_lock:
+        seen, proxies, chosen = _proxies
+        if seen != env:
+            import urllib.request
+
+            proxies = urllib.request.getproxies_environment()
+            chosen = {}
+            _proxies = (env, proxies, chosen)
+        key = (parts.scheme, hostport)
+        if key not in chosen:
+            from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]
+
+            url = proxies.get(parts.scheme) or proxies.get("all")
+            bypass = not url or proxy_bypass_environment(hostport, proxies)
+            chosen[key] = None if bypass else Proxy(str(url))
+        return chosen[key]
 
 
 # A kept-alive connection the server closed while idle fails like this on its next use.

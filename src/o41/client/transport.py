@@ -6,7 +6,10 @@ keep-alive connection per thread, a WebSocket when the service takes it);
 on the embedded store in a thread of this process (laptops, tests, demos). Refusals come
 back as the client's one hierarchy (``o41.client.errors``, the same classes the artifacts
 calls raise), whichever transport carried the call; the HTTP transport reaches the
-service through an ``o41.client.connection.Connection`` (its endpoint, token and TLS).
+service through an ``o41.client.connection.Connection`` (its endpoint, token, TLS, proxy,
+timeouts and retry deadline): an operation the service could not answer is sent again as
+``o41.client.backoff`` says (one that is not idempotent only when it provably was not
+run), and so is the WebSocket's reconnect.
 """
 
 from __future__ import annotations
@@ -26,16 +29,21 @@ import time
 import urllib.parse
 from typing import Any, Protocol
 
+from o41.client import backoff
+from o41.client.backoff import Retries, operation_id
 from o41.client.connection import Connection, connection_of
 from o41.client.errors import (
     CollectionError,
     Conflict,
+    ConnectError,
     InvalidRequest,
     LimitReached,
     NotAllowed,
+    ServiceError,
     TransportError,
     Unavailable,
     ValueTooLarge,
+    retry_after_seconds,
     service_error,
 )
 from o41.collections import wire
@@ -43,7 +51,9 @@ from o41.collections import wire
 _log = logging.getLogger(__name__)
 
 MAX_WAIT = 25.0  # seconds one waiting request may last; longer waits are several requests
-HTTP_TIMEOUT = MAX_WAIT + 35.0  # at least this long for an answer: a waiting request's comes
+HTTP_TIMEOUT = MAX_WAIT + 35.0  # the longest a waiting request's answer takes, by default
+# operations that wait on the service: their ``timeout`` argument is added to the read timeout
+_WAITING = frozenset({"wait", "acquire"})
 TOKEN_REFRESH = 60.0  # kubelet rotates projected tokens: read the file again this often
 IDLE_CONNECTION = 30.0  # below the server's keep-alive (75 s): no reuse of a closed one
 
@@ -71,6 +81,13 @@ _IDEMPOTENT = frozenset(
 )
 _NOT_IDEMPOTENT = {("counter", "add")}
 
+
+def idempotent(kind: str, op: str) -> bool:
+    """Whether an operation may be sent twice without harm (then it is retried whatever
+    happened to its first sending; any other only when it provably was not run)."""
+    return op in _IDEMPOTENT and (kind, op) not in _NOT_IDEMPOTENT
+
+
 __all__ = [  # and the errors (o41.client.errors) by the names the collections gave them
     "CollectionError",
     "Conflict",
@@ -88,7 +105,14 @@ __all__ = [  # and the errors (o41.client.errors) by the names the collections g
 
 class Transport(Protocol):
     def call(
-        self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+        self,
+        compute: str,
+        kind: str,
+        name: str,
+        op: str,
+        args: dict[str, Any],
+        *,
+        deadline: float | None = None,
     ) -> dict[str, Any]: ...
 
 
@@ -99,9 +123,19 @@ RECONNECT = 4000  # the service's close code: the operation in flight was not ru
 PROTOCOL = wire.PROTOCOL.encode()  # a service that takes quiet messages chooses it
 _SYNC = b"o41: answers so far"  # a ping's payload: its pong comes after every answer before
 CONFIRM_WITHIN = 5.0  # seconds closing waits for that pong
+CLOSE_DEADLINE = 5.0  # seconds closing retries what it still has to send
 _Sent = tuple[str, str, str, str, dict[str, Any]]  # compute, kind, name, op, args
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455's
 _TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
+
+
+class _Unsent(Exception):
+    """``error`` ended an operation before it was sent (the connection or its WebSocket
+    upgrade was refused): sending it again is safe, whatever the operation."""
+
+    def __init__(self, error: CollectionError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _Closed(Exception):
@@ -122,18 +156,36 @@ class _Socket:
     """
 
     def __init__(
-        self, host: str, port: int, context: ssl.SSLContext | None, timeout: float
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext | None,
+        timeout: float,
+        connect_timeout: float | None = None,
+        proxy: Any = None,
     ) -> None:
-        """``context``: TLS with it (``o41.client.tls.service_context``); None: plain."""
-        sock = socket.create_connection((host, port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if context is not None:
-            try:
+        """``context``: TLS with it (``o41.client.tls.service_context``); None: plain.
+        ``connect_timeout``: for the connection, a proxy's tunnel and the TLS handshake
+        (default ``timeout``), then ``timeout`` for each answer. ``proxy``: through it
+        (``o41.client.transfers.Proxy``), in a CONNECT tunnel, ``http`` too: a WebSocket
+        goes through a proxy no other way."""
+        limit = timeout if connect_timeout is None else connect_timeout
+        sock = socket.create_connection(
+            (host, port) if proxy is None else proxy.address, timeout=limit
+        )
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if proxy is not None:
+                _tunnel(sock, host, port, proxy.headers)
+            if context is not None:
                 sock = context.wrap_socket(sock, server_hostname=host)
-            except BaseException:
-                sock.close()
-                raise
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(timeout)
         self.sock = sock
+        self.timeout = timeout
+        self.retry_after: bytes | None = None  # the last refusal's Retry-After header
         self.reader = sock.makefile("rb")
         self.used_at = time.monotonic()
         self.fresh = True
@@ -157,6 +209,7 @@ class _Socket:
         self.fresh = False
         self.sock.sendall(request)
         status, headers = self._head()
+        self.retry_after = headers.get(b"retry-after")
         body, keep = self._body(headers)
         self.used_at = time.monotonic()
         return status, body, keep
@@ -205,6 +258,7 @@ class _Socket:
         )
         status, headers = self._head()
         if status != 101:
+            self.retry_after = headers.get(b"retry-after")
             return status, self._body(headers)[0]
         accept = base64.b64encode(hashlib.sha1(key + _WS_GUID).digest())  # noqa: S324 - RFC 6455
         if headers.get(b"sec-websocket-accept") != accept:
@@ -272,6 +326,27 @@ class _Socket:
         self.sock.close()
 
 
+def _tunnel(sock: socket.socket, host: str, port: int, headers: dict[str, str]) -> None:
+    """Ask the proxy at the other end of ``sock`` for a tunnel to ``host:port`` (CONNECT,
+    RFC 9110 9.3.6); an :class:`OSError` saying the proxy's answer when it refused."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:  # nothing follows the answer's head before we speak
+        chunk = sock.recv(1)
+        if not chunk:
+            raise ConnectionResetError("the proxy closed the connection instead of a tunnel")
+        head += chunk
+        if len(head) > 65536:
+            raise ConnectionResetError("the proxy's answer to CONNECT has no end")
+    status_line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[1].startswith("2"):
+        raise ConnectionRefusedError(f"the proxy refused a tunnel to {authority}: {status_line}")
+
+
 class HttpTransport:
     """The placement service that ``connection`` reaches (or one made of ``endpoint``,
     ``token``, ``token_file`` and ``ca_file``: :class:`~o41.client.connection.Connection`
@@ -279,8 +354,10 @@ class HttpTransport:
     pod's ServiceAccount token by default, read again every ``TOKEN_REFRESH`` seconds.
     One connection per thread, kept alive, upgraded to a WebSocket (``websocket=True``,
     unless the service or a proxy on the way refuses: then one POST per operation).
-    ``timeout``: seconds one request may take (default: the connection's, at least
-    ``HTTP_TIMEOUT``, since a waiting request waits up to ``MAX_WAIT`` on the service)."""
+    ``timeout``: seconds to wait for an answer (default: the connection's; a waiting
+    request's wait, up to ``MAX_WAIT``, comes on top). Connected within the connection's
+    ``connect_timeout``, through the proxy the environment names; an operation the service
+    could not answer is sent again within the connection's ``retry_deadline``."""
 
     def __init__(
         self,
@@ -304,7 +381,7 @@ class HttpTransport:
         self._port = parts.port or (443 if self._https else 80)
         self._base = parts.path.rstrip("/")
         self._hostport = parts.netloc.rpartition("@")[2]
-        self._timeout = max(self.connection.timeout, HTTP_TIMEOUT) if timeout is None else timeout
+        self._timeout = self.connection.timeout if timeout is None else timeout
         self._local = threading.local()
         self.websocket = websocket  # turned off for good if the service refuses to upgrade
 
@@ -334,16 +411,22 @@ class HttpTransport:
         return conn
 
     def _open(self) -> _Socket:
+        from o41.client.transfers import proxy_for
+
         context = self.connection.tls()  # a CA file that cannot be used: CaFileError
+        proxy = proxy_for(urllib.parse.urlsplit(self.connection.url))
         try:
-            return _Socket(self._host, self._port, context, self._timeout)
+            return _Socket(
+                self._host,
+                self._port,
+                context,
+                self._timeout,
+                self.connection.connect_timeout,
+                proxy,
+            )
         except OSError as e:
-            refused = self.connection.untrusted(e, f"https://{self._hostport}")
-            if refused is not None:
-                raise TransportError(refused) from None
-            raise TransportError(
-                f"cannot reach the collections service at {self._hostport}: {e}"
-            ) from None
+            shown = f"{'https' if self._https else 'http'}://{self._hostport}"
+            raise self.connection.unreached(e, shown) from None
 
     def _upgraded(self, conn: _Socket) -> bool:
         """Whether the service took the WebSocket; if not because it does not speak it
@@ -353,27 +436,37 @@ class HttpTransport:
             status, body = conn.upgrade(self._head("GET", WS_PATH, token))
         except (OSError, ValueError, IndexError) as e:
             conn.close()
-            raise TransportError(
-                f"the collections service at {self._hostport} did not answer "
-                f"({type(e).__name__}: {e})"
+            raise ConnectError(  # the operation was not sent: safe to send again
+                f"the collections service at {self._hostport} did not answer the WebSocket's "
+                f"upgrade ({type(e).__name__}: {e})"
             ) from None
         if status == 101:
             conn.token = token
             return True
         conn.close()
         if status in (401, 403) or status >= 500:
-            raise _refusal(status, _answer_of(status, body))
+            raise _Unsent(_refusal(status, _answer_of(status, body, conn.retry_after)))
         self.websocket = False
         return False
 
     def _exchange(
-        self, conn: _Socket, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+        self,
+        conn: _Socket,
+        compute: str,
+        kind: str,
+        name: str,
+        op: str,
+        args: dict[str, Any],
+        operation: str | None = None,
     ) -> tuple[int, Any, dict[str, Any]]:
         """One operation on ``conn``: the status, and the result (200) or the refusal's
-        answer (its ``error``, and what else the service said)."""
+        answer (its ``error``, and what else the service said). ``operation``: its id,
+        sent once the service remembers them (``Connection.operation_ids``)."""
         if conn.websocket:
             self._renew(conn)
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
+            if operation is not None:
+                message[backoff.OPERATION_FIELD] = operation
             conn.send(wire.dumps(message))
             self._settle(conn)
             answer = self._answer(conn)
@@ -384,14 +477,17 @@ class HttpTransport:
                 return status, None, {**answer, "error": answer.get("error") or f"status {status}"}
             return status, answer.get("result"), {}
         body = json.dumps(args, separators=(",", ":")).encode()
+        head = self._head("POST", f"/v1/collections/{compute}/{kind}/{name}/{op}")
+        if operation is not None:
+            head += f"{backoff.OPERATION_HEADER}: {operation}\r\n"
         status, data, keep = conn.exchange(
-            self._head("POST", f"/v1/collections/{compute}/{kind}/{name}/{op}").encode()
+            head.encode()
             + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         if not keep:
             self._drop(conn)
         if status != 200:
-            return status, None, _answer_of(status, data)
+            return status, None, _answer_of(status, data, conn.retry_after)
         return status, json.loads(data), {}
 
     def _renew(self, conn: _Socket) -> None:
@@ -461,15 +557,16 @@ class HttpTransport:
             redo = self._local.redo = []
         return redo
 
-    def _send_again(self) -> None:
+    def _send_again(self, deadline: float | None = None) -> None:
         """The operations sent without waiting that were refused or whose answer was lost
-        with the connection: sent again, waiting for the answer (they are idempotent)."""
+        with the connection: sent again, waiting for the answer (they are idempotent),
+        retried within ``deadline`` (default: the connection's)."""
         redo = self._redo()
         while redo:
             compute, kind, name, op, args = redo.pop(0)
             args = {k: v for k, v in args.items() if k != "early"}  # answered after etcd now
             try:
-                self.call(compute, kind, name, op, args)
+                self.call(compute, kind, name, op, args, deadline=deadline)
             except CollectionError as e:
                 _log.warning("%s %s of %s/%s failed again: %s", kind, op, compute, name, e)
 
@@ -523,23 +620,71 @@ class HttpTransport:
             self._drop(conn)
             if self._redo():
                 with contextlib.suppress(CollectionError):
-                    self._send_again()
+                    # no waiting at close for a service that is gone: an early release
+                    # lost here ends with its lease's TTL
+                    self._send_again(deadline=CLOSE_DEADLINE)
                 conn = getattr(self._local, "conn", None)
                 if conn is not None:
                     conn.close()
                     self._local.conn = None
 
     def call(
-        self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+        self,
+        compute: str,
+        kind: str,
+        name: str,
+        op: str,
+        args: dict[str, Any],
+        *,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
+        """One operation; sent again while the service cannot answer, within ``deadline``
+        seconds (default: the connection's ``retry_deadline``), as ``o41.client.backoff``
+        says: one that is not :func:`idempotent` only when it provably was not run."""
         if isinstance(args.get("value"), bytes):
             args = {**args, "value": base64.b64encode(args["value"]).decode()}
-        retry_safe = op in _IDEMPOTENT and (kind, op) not in _NOT_IDEMPOTENT
+        safe = idempotent(kind, op)
+        operation = None if safe else operation_id()
+        wait = float(args.get("timeout") or 0.0) if op in _WAITING else 0.0
+        retries = Retries(
+            self.connection.retry_deadline if deadline is None else deadline,
+            f"{kind} {op} of {compute}/{name}",
+        )
+        while True:
+            try:
+                return self._call(compute, kind, name, op, args, safe, wait, operation)
+            except _Unsent as unsent:
+                error, again = unsent.error, retries.again(unsent.error, True)
+            except CollectionError as e:
+                error, again = e, retries.again(e, safe or self.connection.operation_ids)
+            if not again:
+                raise error from None
+
+    def _call(
+        self,
+        compute: str,
+        kind: str,
+        name: str,
+        op: str,
+        args: dict[str, Any],
+        retry_safe: bool,
+        wait: float,
+        operation: str | None,
+    ) -> dict[str, Any]:
+        """One attempt of :meth:`call` (a kept-alive connection found closed, or a WebSocket
+        the service closed before running the operation, is tried again at once)."""
+        sent = operation if self.connection.operation_ids else None
         for attempt in range(3):
-            conn = self._connection()
+            try:
+                conn = self._connection()
+            except ConnectError:
+                raise  # not sent, and said so
+            except CollectionError as e:
+                raise _Unsent(e) from None  # a refused upgrade: the operation was not sent
             reused = not conn.fresh
             try:
-                status, result, refused = self._exchange(conn, compute, kind, name, op, args)
+                conn.sock.settimeout(conn.timeout + wait)  # a waiting request's wait on top
+                status, result, refused = self._exchange(conn, compute, kind, name, op, args, sent)
             except CollectionError:
                 raise  # a refusal (a new token not accepted): said as it is
             except _Closed as e:
@@ -560,6 +705,8 @@ class HttpTransport:
                 self._drop(conn)
                 failure = e
             else:
+                if conn.sock.fileno() >= 0:
+                    conn.sock.settimeout(conn.timeout)
                 if self._redo():
                     self._send_again()
                 if status != 200:
@@ -570,30 +717,39 @@ class HttpTransport:
                     self._send_again()
             if attempt == 0 and reused and retry_safe:
                 continue  # a kept-alive connection that died: once more, afresh
+            if isinstance(failure, TimeoutError):
+                why = f"no answer within {conn.timeout + wait:g} s"
+            else:
+                why = f"{type(failure).__name__}: {failure}"
             raise TransportError(
-                f"the collections service at {self._hostport} did not answer "
-                f"({type(failure).__name__}: {failure})"
-                + ("" if retry_safe else "; the write may or may not have been applied")
+                f"the collections service at {self._hostport} did not answer ({why})"
+                + ("" if retry_safe else "; the operation may or may not have been applied")
             ) from None
-        raise TransportError(
+        raise ConnectError(  # the service closed it each time before running it
             f"the collections service at {self._hostport} kept closing the connection "
-            "(restarting?): try again"
+            "(restarting?) before running the operation"
         )
 
 
-def _answer_of(status: int, body: bytes) -> dict[str, Any]:
+def _answer_of(status: int, body: bytes, retry_after: bytes | None = None) -> dict[str, Any]:
     """A refusal's JSON answer: its ``error`` (else the start of the body as the error)
-    and what else it said."""
+    and what else it said; ``retry_after``: its ``Retry-After`` header, as the
+    WebSocket's answers say it (``retry_after``, in seconds)."""
+    found: dict[str, Any] = {"error": body[:200].decode(errors="replace") or f"HTTP {status}"}
     try:
         answer = json.loads(body)
         if isinstance(answer, dict) and "error" in answer:
-            return {**answer, "error": str(answer["error"])}
+            found = {**answer, "error": str(answer["error"])}
     except ValueError:
         pass
-    return {"error": body[:200].decode(errors="replace") or f"HTTP {status}"}
+    if retry_after is not None and "retry_after" not in found:
+        seconds = retry_after_seconds(retry_after.decode(errors="replace"))
+        if seconds is not None:
+            found["retry_after"] = seconds
+    return found
 
 
-def _refusal(status: int, answer: dict[str, Any]) -> Exception:
+def _refusal(status: int, answer: dict[str, Any]) -> ServiceError:
     """The client's error (``o41.client.errors``, the one map from a status) of a refusal
     ``answer`` with ``status``."""
     return service_error(status, str(answer.get("error") or f"HTTP {status}"), answer)
@@ -632,8 +788,17 @@ class EmbeddedTransport:
         self.engine = Engine(self.store, **engine_options)
 
     def call(
-        self, compute: str, kind: str, name: str, op: str, args: dict[str, Any]
+        self,
+        compute: str,
+        kind: str,
+        name: str,
+        op: str,
+        args: dict[str, Any],
+        *,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
+        """One operation, in this process (``deadline``: taken, and unused: nothing here
+        blinks)."""
         import asyncio
 
         from o41.collections.checks import CollectionError as Refused

@@ -25,7 +25,7 @@ from o41.webhook.buckets import BUCKETS, Buckets, Opener
 from o41.webhook.cluster.view import KUBE_API, SECRETS, VIEW, Cluster, Secrets, View, Watcher
 from o41.webhook.collections import routes as collections
 from o41.webhook.directories import routes as directories_routes
-from o41.webhook.health import healthz, readyz
+from o41.webhook.health import healthz, readyz, until_synced
 from o41.webhook.http import errors, request_ids
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
@@ -176,6 +176,7 @@ def make_app(
     app[VIEW] = cluster.view if cluster else View()
     if cluster is not None:
         app[SECRETS] = cluster.secrets
+        cluster.view.synced.set()  # a view handed in is whole: nothing lists it
     app[BUCKETS] = Buckets(buckets) if buckets else Buckets()
     app[MANIFESTS] = Manifests()
     app[LEASES] = PendingLease()
@@ -189,7 +190,9 @@ def make_app(
     reviewer = auth.Authenticator(reviewer, view.trust.verifier, view.service_tokens)
     required = settings.authentication != "none"  # a laptop's requests carry no token
     app.middlewares.append(telemetry.middleware)  # first: it sees the status answered
-    app.middlewares.extend([errors.json_errors, auth.middleware(reviewer, required=required)])
+    app.middlewares.extend(
+        [errors.json_errors, until_synced, auth.middleware(reviewer, required=required)]
+    )
     request_ids.setup(app)  # the outermost middleware: ids in headers, logs, error bodies
     if cluster is None:
         app.cleanup_ctx.extend([cluster_view, state_store(store), version_counts])
