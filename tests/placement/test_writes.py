@@ -283,8 +283,8 @@ async def test_a_write_killed_after_some_parts_resumes_without_resending_them(
     began: list[str] = []
     real_call = Artifacts.call
 
-    def call(self: Artifacts, method: str, path_: str, body: Any = None) -> Any:
-        answer = real_call(self, method, path_, body)
+    def call(self: Artifacts, method: str, path_: str, body: Any = None, **kw: Any) -> Any:
+        answer = real_call(self, method, path_, body, **kw)
         if path_ == "/v1/writes":
             began.append(answer["version"])
         return answer

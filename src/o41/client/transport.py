@@ -639,15 +639,18 @@ class HttpTransport:
         deadline: float | None = None,
     ) -> dict[str, Any]:
         """One operation; sent again while the service cannot answer, within ``deadline``
-        seconds (default: the connection's ``retry_deadline``), as ``o41.client.backoff``
-        says: one that is not :func:`idempotent` only when it provably was not run."""
+        seconds (by default, and at most, the connection's ``retry_deadline``), as
+        ``o41.client.backoff`` says: one that is not :func:`idempotent` only when it
+        provably was not run."""
         if isinstance(args.get("value"), bytes):
             args = {**args, "value": base64.b64encode(args["value"]).decode()}
         safe = idempotent(kind, op)
         operation = None if safe else operation_id()
         wait = float(args.get("timeout") or 0.0) if op in _WAITING else 0.0
         retries = Retries(
-            self.connection.retry_deadline if deadline is None else deadline,
+            self.connection.retry_deadline
+            if deadline is None
+            else min(deadline, self.connection.retry_deadline),
             f"{kind} {op} of {compute}/{name}",
         )
         while True:
