@@ -136,7 +136,7 @@ class Engine:
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
-        self.locks = Locks(store, max_wait)
+        self.locks = Locks(store, max_wait, self.memory)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
@@ -716,7 +716,7 @@ class Engine:
 
     async def _lock_release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         no_lease(args)
-        return await self.locks.release(prefix, args)
+        return await self.locks.release(prefix, args, self._operation(prefix, args))
 
     # the eventual writes: buffered, then written in batches
 
