@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from o41.collections.checks import BadRequest
 from o41.collections.engine import Engine
+from o41.collections.once import Recent
 from o41.core.operations import REMEMBERED_FOR, check_operation
 from o41.state import Store
 from o41.state.etcd import EtcdStore
@@ -373,3 +374,17 @@ def test_random_histories_with_repeats_act_once(history: list[Step], via: list[i
                 await engine.close()
 
     asyncio.run(run())
+
+
+def test_eventual_ids_are_bounded_in_count_and_bytes() -> None:
+    recent = Recent(size=3, budget=1000)
+    for i in range(5):
+        recent.put(b"k%d" % i, {"value": i})
+    assert [recent.get(b"k%d" % i) for i in range(5)] == [
+        None,
+        None,
+        *({"value": i} for i in (2, 3, 4)),
+    ]
+    recent.put(b"big", {"found": True, "value": b"x" * 800})
+    assert recent.get(b"big") is not None and recent.held <= 1000
+    assert sum(recent.get(b"k%d" % i) is not None for i in range(5)) <= 1

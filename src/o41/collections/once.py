@@ -35,6 +35,7 @@ from o41.core.operations import REMEMBERED_FOR
 from o41.state.base import Compare, LeaseNotFound, Op, Store, TxnResult
 
 KEPT_LOCALLY = 100_000  # eventual operations' ids one replica remembers, at most
+KEPT_BYTES = 64 * 2**20  # and the bytes of their answers (a pop's value), at most
 
 Txn = tuple[Sequence[Compare], Sequence[Op], Sequence[Op]]  # compares, success, failure
 Build = Callable[[int], Txn]  # a transaction, given the lease of the answers it writes
@@ -126,11 +127,12 @@ def first(result: TxnResult, index: int) -> dict[str, Any] | None:
 
 
 class Recent:
-    """Eventual operations' first answers on this replica: at most :data:`KEPT_LOCALLY`,
-    each for :data:`REMEMBERED_FOR` seconds (the oldest go first)."""
+    """Eventual operations' first answers on this replica: at most :data:`KEPT_LOCALLY`
+    of them and :data:`KEPT_BYTES` of their values, each for :data:`REMEMBERED_FOR`
+    seconds (the oldest go first)."""
 
-    def __init__(self, size: int = KEPT_LOCALLY) -> None:
-        self.size = size
+    def __init__(self, size: int = KEPT_LOCALLY, budget: int = KEPT_BYTES) -> None:
+        self.size, self.budget, self.held = size, budget, 0
         self._answers: OrderedDict[bytes, tuple[float, dict[str, Any]]] = OrderedDict()
         self._acting: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
 
@@ -140,14 +142,21 @@ class Recent:
             oldest, (when, _) = next(iter(self._answers.items()))
             if now - when <= REMEMBERED_FOR:
                 break
-            del self._answers[oldest]
+            self._forget(oldest)
         found = self._answers.get(key)
         return None if found is None else found[1]
 
     def put(self, key: bytes, answer: dict[str, Any]) -> None:
+        if key in self._answers:
+            self._forget(key)
         self._answers[key] = (time.monotonic(), answer)
-        while len(self._answers) > self.size:
-            self._answers.popitem(last=False)
+        self.held += _size(answer)
+        while self._answers and (len(self._answers) > self.size or self.held > self.budget):
+            self._forget(next(iter(self._answers)))
+
+    def _forget(self, key: bytes) -> None:
+        _, answer = self._answers.pop(key)
+        self.held -= _size(answer)
 
     async def once(
         self, key: bytes | None, act: Callable[[], Awaitable[dict[str, Any]]]
@@ -174,3 +183,9 @@ class Recent:
         self.put(key, answer)
         future.set_result(answer)
         return answer
+
+
+def _size(answer: dict[str, Any]) -> int:
+    """What an answer holds, roughly: its value's bytes and a little for the rest."""
+    value = answer.get("value")
+    return 100 + (len(value) if isinstance(value, bytes) else 0)
