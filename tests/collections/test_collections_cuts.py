@@ -169,14 +169,19 @@ def test_every_queue_item_is_delivered_once_when_answers_are_lost(
     lost = [0, 0]
     done = threading.Event()
 
+    counting = threading.Lock()
+
     def offer(chunk: list[bytes]) -> None:
         for item in chunk:
-            lost[0] += call(proxy.port, compute, "queue.q.offer", value=item)[1]
+            cut = call(proxy.port, compute, "queue.q.offer", value=item)[1]
+            with counting:
+                lost[0] += cut
 
     def poll() -> None:
         while True:
             answer, cut = call(proxy.port, compute, "queue.q.poll")
-            lost[1] += cut
+            with counting:
+                lost[1] += cut
             if answer["found"]:
                 delivered.append(answer["value"])
             elif done.is_set():
