@@ -13,6 +13,7 @@ from typing import Any
 from o41.collections import keys
 from o41.collections.keys import check_encoded
 from o41.collections.values import MAX_VALUE
+from o41.core.operations import OPERATION_FIELD, check_operation
 from o41.state.base import Consistency, KeyValue
 
 ROOT = b"/o41/collections/"
@@ -127,3 +128,14 @@ def consistency_arg(args: dict[str, Any]) -> Consistency:
 
 def counter_value(kv: KeyValue | None) -> int:
     return int(kv.value) if kv is not None and kv.value else 0
+
+
+def operation_arg(args: dict[str, Any]) -> str | None:
+    """The operation's id (``operation``), checked; None when the caller sent none."""
+    value = args.get(OPERATION_FIELD)
+    if value is None:
+        return None
+    try:
+        return check_operation(value)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None

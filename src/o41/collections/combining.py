@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from o41.collections.checks import Busy, counter_value
-from o41.state.base import Compare, Get, Op, Put, Store
+from o41.collections.once import Memory, Txn, absent, dump, load
+from o41.state.base import Compare, Delete, Get, KeyValue, Op, Put, Store, TxnResult
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
 
@@ -29,10 +30,15 @@ class Combiner(Generic[T, R]):
     """
 
     def __init__(
-        self, run: Callable[[list[T]], Awaitable[Sequence[R]]], limit: int, parallel: int = 1
+        self,
+        run: Callable[[list[T]], Awaitable[Sequence[R]]],
+        limit: int,
+        parallel: int = 1,
+        weight: Callable[[T], int] | None = None,
     ) -> None:
         self._run = run
         self._limit = limit
+        self._weight = weight  # a batch holds at most ``limit`` of it (default: 1 an item)
         self._parallel = parallel
         self._running = 0  # batches in flight
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
@@ -58,8 +64,16 @@ class Combiner(Generic[T, R]):
 
     async def _drain(self) -> None:
         try:
-            batch = self._pending[: self._limit]
-            del self._pending[: self._limit]
+            size = self._limit
+            if self._weight is not None:
+                total = size = 0
+                for item, _ in self._pending[: self._limit]:
+                    total += self._weight(item)
+                    if size and total > self._limit:
+                        break
+                    size += 1
+            batch = self._pending[:size]
+            del self._pending[:size]
             try:
                 results = await self._run([item for item, _ in batch])
             except Exception as e:  # each waiter gets the failure
@@ -81,31 +95,59 @@ class Combiner(Generic[T, R]):
 
 class StrongCounter:
     """Strong adds to one counter, merged; the last value and revision seen are cached so
-    a batch costs one transaction when nobody else wrote in between."""
+    a batch costs one transaction when nobody else wrote in between. An add may carry the
+    key of its operation id (:mod:`o41.collections.once`): its answer is written in the
+    batch's transaction, guarded on the key's absence."""
 
-    def __init__(self, store: Store, key: bytes) -> None:
+    def __init__(self, store: Store, key: bytes, memory: Memory | None = None) -> None:
         self.store, self.key = store, key
+        self.memory = memory if memory is not None else Memory(store)
         self.known: tuple[int, int] = (0, 0)  # value, mod revision (0: absent)
-        self.combiner: Combiner[int, int] = Combiner(self._add, MAX_TXN_OPS)
+        self.combiner: Combiner[tuple[int, bytes | None], int] = Combiner(self._add, MAX_TXN_OPS)
 
-    async def _add(self, deltas: list[int]) -> list[int]:
-        total = sum(deltas)
+    async def _add(self, adds: list[tuple[int, bytes | None]]) -> list[int]:
+        out: list[int | None] = [None] * len(adds)
+        todo = list(range(len(adds)))
         for _ in range(100):
+            apply, firsts = _firsts(adds, todo)
             value, mod = self.known
-            result = await self.store.txn(
-                [Compare(self.key, "mod", "==", mod)],
-                [Put(self.key, str(value + total).encode())],
-                [Get(self.key)],
-            )
+            running, answers = value, {}
+            for i in apply:
+                running += adds[i][0]
+                answers[i] = running
+            total = running - value
+
+            def build(
+                lease: int,
+                value: int = value,
+                mod: int = mod,
+                total: int = total,
+                answers: dict[int, int] = answers,
+                firsts: dict[bytes, int] = firsts,
+            ) -> Txn:
+                ops: list[Op] = [Put(self.key, str(value + total).encode())]
+                ops += [Put(k, dump({"value": answers[i]}), lease) for k, i in firsts.items()]
+                return (
+                    [Compare(self.key, "mod", "==", mod), *map(absent, firsts)],
+                    ops,
+                    [Get(self.key), *map(Get, firsts)],
+                )
+
+            if firsts:
+                result = await self.memory.txn(build)
+            else:
+                result = await self.store.txn(*build(0))
             if result.succeeded:
                 self.known = (value + total, result.revision)
-                out, running = [], value
-                for d in deltas:
-                    running += d
-                    out.append(running)
-                return out
+                for i in todo:
+                    op = adds[i][1]
+                    out[i] = answers[i] if op is None else answers[firsts[op]]
+                return [v for v in out if v is not None]
             found = result.results[0]
             self.known = (counter_value(found[0]), found[0].mod_revision) if found else (0, 0)
+            todo = _settled(adds, todo, firsts, result, out, lambda a: int(a["value"]))
+            if not todo:
+                return [v for v in out if v is not None]
         raise Busy("the counter is contended by other replicas: try again")
 
     async def refresh(self) -> None:
@@ -115,39 +157,170 @@ class StrongCounter:
         self.known = (counter_value(kv), kv.mod_revision if kv else 0)
 
 
-class StrongQueue:
-    """Strong offers (batched, advancing ``seq``) and polls (batched claims) of one queue."""
+V = TypeVar("V")
 
-    def __init__(self, store: Store, prefix: bytes) -> None:
+
+def _firsts(
+    items: Sequence[tuple[object, bytes | None]], todo: list[int]
+) -> tuple[list[int], dict[bytes, int]]:
+    """Of the items still to do, those a batch applies (every one without an operation
+    key, and the first of each key: a repeat in the same batch answers as that first),
+    and each key's first item."""
+    apply: list[int] = []
+    firsts: dict[bytes, int] = {}
+    for i in todo:
+        key = items[i][1]
+        if key is None or key not in firsts:
+            apply.append(i)
+            if key is not None:
+                firsts[key] = i
+    return apply, firsts
+
+
+def _settled(
+    items: Sequence[tuple[object, bytes | None]],
+    todo: list[int],
+    firsts: dict[bytes, int],
+    result: TxnResult,
+    out: list[V | None],
+    answer: Callable[[dict[str, Any]], V],
+) -> list[int]:
+    """After a batch lost its compares: the items whose operation was remembered already
+    (the failure branch read their keys, after one ``Get`` of the batch's own) get the
+    first answer; the others are left to do again."""
+    done: dict[bytes, V] = {}
+    for n, key in enumerate(firsts):
+        found = result.results[1 + n]
+        if found:
+            done[key] = answer(load(found[0].value))
+    left = []
+    for i in todo:
+        op = items[i][1]
+        if op is not None and op in done:
+            out[i] = done[op]
+        else:
+            left.append(i)
+    return left
+
+
+class StrongQueue:
+    """Strong offers (batched, advancing ``seq``) and polls (batched claims) of one queue.
+    An offer or a poll may carry the key of its operation id (:mod:`o41.collections.once`)."""
+
+    def __init__(self, store: Store, prefix: bytes, memory: Memory | None = None) -> None:
         self.store = store
+        self.memory = memory if memory is not None else Memory(store)
         self.seq_key = prefix + b"seq"
         self.items = prefix + b"q/"
         self.known: tuple[int, int] = (0, 0)  # last sequence number, mod revision of seq
-        self.offers: Combiner[bytes, None] = Combiner(self.offer_batch, MAX_TXN_OPS - 1)
-        self.polls: Combiner[None, bytes | None] = Combiner(self._poll, MAX_TXN_OPS)
+        self.offers: Combiner[tuple[bytes, bytes | None], None] = Combiner(
+            self.offer_batch, MAX_TXN_OPS - 1, weight=_weight
+        )
+        self.polls: Combiner[bytes | None, bytes | None] = Combiner(
+            self._poll, MAX_TXN_OPS, weight=_weight_poll
+        )
         self.head = 0  # where this replica expects the head item (0: not known)
         self.others = False  # whether the last read found offers this replica did not make
 
-    async def offer_batch(self, values: list[bytes]) -> list[None]:
+    async def offer_batch(self, offers: list[tuple[bytes, bytes | None]]) -> list[None]:
+        """Offers in one transaction (an offer with an operation key and a repeat of it in
+        the batch: one item; one whose key is in etcd already: none)."""
+        todo = list(range(len(offers)))
+        out: list[None] = [None] * len(offers)
         for _ in range(100):
+            apply, firsts = _firsts(offers, todo)
             n, mod = self.known
-            ops: list[Op] = [Put(self.seq_key, str(n + len(values)).encode())]
-            ops += [Put(self.items + b"%020d" % (n + 1 + i), v) for i, v in enumerate(values)]
-            result = await self.store.txn(
-                [Compare(self.seq_key, "mod", "==", mod)], ops, [Get(self.seq_key)]
-            )
+
+            def build(
+                lease: int,
+                n: int = n,
+                mod: int = mod,
+                apply: list[int] = apply,
+                firsts: dict[bytes, int] = firsts,
+            ) -> Txn:
+                ops: list[Op] = [Put(self.seq_key, str(n + len(apply)).encode())]
+                ops += [
+                    Put(self.items + b"%020d" % (n + 1 + j), offers[i][0])
+                    for j, i in enumerate(apply)
+                ]
+                ops += [Put(k, b"{}", lease) for k in firsts]
+                return (
+                    [Compare(self.seq_key, "mod", "==", mod), *map(absent, firsts)],
+                    ops,
+                    [Get(self.seq_key), *map(Get, firsts)],
+                )
+
+            if firsts:
+                result = await self.memory.txn(build)
+            else:
+                result = await self.store.txn(*build(0))
             if result.succeeded:
-                self.known = (n + len(values), result.revision)
-                return [None] * len(values)
+                self.known = (n + len(apply), result.revision)
+                return [None] * len(offers)
             found = result.results[0]
             self.known = (counter_value(found[0]), found[0].mod_revision) if found else (0, 0)
+            todo = _settled(offers, todo, firsts, result, out, lambda a: None)
+            if not todo:
+                return [None] * len(offers)
         raise Busy("the queue is contended by other replicas: try again")
 
     async def refresh(self) -> None:
         kv = await self.store.get(self.seq_key)
         self.known = (counter_value(kv), kv.mod_revision if kv else 0)
 
-    async def _poll(self, polls: list[None]) -> list[bytes | None]:
+    async def _poll(self, polls: list[bytes | None]) -> list[bytes | None]:
+        """Plain polls claim by a delete (:meth:`_claim`); polls with an operation key
+        claim by a transaction that writes their answers (:meth:`_claim_once`)."""
+        keyed = [key for key in polls if key is not None]
+        if not keyed:
+            return await self._claim(len(polls))
+        plain = iter(await self._claim(len(polls) - len(keyed)) if len(keyed) < len(polls) else [])
+        claimed = await self._claim_once(keyed)
+        return [next(plain) if key is None else claimed[key] for key in polls]
+
+    async def _claim_once(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
+        """Polls with operation keys: each claims a head item and writes its answer in one
+        transaction, guarded on the item unchanged and the key absent; a key found
+        answers what it remembers (a repeat of a poll that claimed its item before).
+        Two round trips (a read of the keys and the head, then the claim): the value a
+        poll answers is in its key, so it is read before it is claimed."""
+        answers: dict[bytes, bytes | None] = {}
+        todo = list(dict.fromkeys(keys))
+        for _ in range(100):
+            if not todo:
+                return answers
+            seen = await self.store.txn(
+                [], [*map(Get, todo), Get(self.items, prefix=True, limit=len(todo))]
+            )
+            for key, found in zip(todo, seen.results, strict=False):
+                if found:
+                    answers[key] = load(found[0].value).get("value")
+            todo = [key for key in todo if key not in answers]
+            heads = seen.results[-1][: len(todo)]
+            if not heads:  # the queue was empty at that revision: nothing claimed
+                answers.update(dict.fromkeys(todo))
+                return answers
+            pairs = list(zip(todo, heads, strict=False))
+
+            def build(lease: int, pairs: list[tuple[bytes, KeyValue]] = pairs) -> Txn:
+                return (
+                    [absent(k) for k, _ in pairs]
+                    + [Compare(kv.key, "mod", "==", kv.mod_revision) for _, kv in pairs],
+                    [Delete(kv.key) for _, kv in pairs]
+                    + [Put(k, dump({"found": True, "value": kv.value}), lease) for k, kv in pairs],
+                    [],
+                )
+
+            result = await self.memory.txn(build)
+            if result.succeeded:
+                for key, kv in pairs:
+                    answers[key] = kv.value
+                self.head = max(self.head, _sequence(pairs[-1][1].key) + 1)
+                todo = todo[len(pairs) :]
+            # else: an item was claimed by another poll, or a repeat landed: read again
+        raise Busy("the queue is contended by other replicas: try again")
+
+    async def _claim(self, polls: int) -> list[bytes | None]:
         """Claim up to ``len(polls)`` head items at once, in one round trip when the head
         is where this replica expects it (the item after the last it claimed, or the first
         a read found): a delete of the keys from there, answering those it deleted (of
@@ -158,8 +331,8 @@ class StrongQueue:
         trip. A poller gets ``None`` only when a linearizable read found the queue empty
         (then it was empty at that instant)."""
         got: list[bytes | None] = []
-        while len(got) < len(polls):
-            want = len(polls) - len(got)
+        while len(got) < polls:
+            want = polls - len(got)
             span = self.known[0] - self.head + 1  # items this replica knows were offered
             if self.head and (span >= 1 or self.others):
                 if span >= 1 and not self.others:
@@ -175,10 +348,20 @@ class StrongQueue:
                 break
             self.head = _sequence(heads[0].key)
             self.others = self.head > self.known[0]  # offers through other replicas
-        return got + [None] * (len(polls) - len(got))
+        return got + [None] * (polls - len(got))
 
     def _key(self, sequence: int) -> bytes:
         return self.items + b"%020d" % sequence
+
+
+def _weight(offer: tuple[bytes, bytes | None]) -> int:
+    """An offer's operations in a transaction: its item, and its answer's key if any."""
+    return 1 if offer[1] is None else 2
+
+
+def _weight_poll(poll: bytes | None) -> int:
+    """A poll with an operation key claims its item and writes its answer: two."""
+    return 1 if poll is None else 2
 
 
 def _sequence(key: bytes) -> int:

@@ -57,10 +57,21 @@ from o41.collections.checks import (
     id_arg,
     int_arg,
     key_arg,
+    operation_arg,
     value_arg,
 )
 from o41.collections.combining import MAX_TXN_OPS, Combiner, StrongCounter, StrongQueue
 from o41.collections.locks import Locks
+from o41.collections.once import (
+    Memory,
+    Recent,
+    Txn,
+    absent,
+    dump,
+    first,
+    load,
+    operation_key,
+)
 from o41.collections.replica import Buffered, Changes, CounterPending, Replica
 from o41.state.base import (
     Compare,
@@ -117,13 +128,15 @@ class Engine:
         self.idle = idle
         self.buffer: Buffer[Replica] = Buffer(max_buffer, max_batch, self._wake_flusher)
         self.stats = Stats()
-        self._puts: Combiner[tuple[bytes, bytes], None] = Combiner(
-            self._put_batch, MAX_TXN_OPS, parallel=4
+        self.memory = Memory(store)  # where operations with ids keep their first answers
+        self.recent = Recent()  # eventual operations' first answers on this replica
+        self._puts: Combiner[tuple[bytes, bytes, bytes | None], dict[str, Any]] = Combiner(
+            self._put_batch, MAX_TXN_OPS, parallel=4, weight=_put_weight
         )
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
-        self.locks = Locks(store, max_wait)
+        self.locks = Locks(store, max_wait, self.memory)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
@@ -196,6 +209,7 @@ class Engine:
         if self._closed:
             raise Busy("the collections are shutting down: try again")
         prefix = collection_prefix(namespace, compute, kind, name)
+        operation_arg(args)  # checked whatever the operation (reads need none)
         handler = self._ops[kind].get(op)
         if handler is None:
             raise BadRequest(
@@ -213,15 +227,57 @@ class Engine:
         """Eventual writes acknowledged and not written to etcd yet."""
         return self.buffer.count
 
-    async def _put_batch(self, items: list[tuple[bytes, bytes]]) -> list[None]:
+    async def _put_batch(
+        self, items: list[tuple[bytes, bytes, bytes | None]]
+    ) -> list[dict[str, Any]]:
         """Strong puts that arrived together, in one transaction: all commit at one
         revision, inside every request's lifetime (linearizable), for one round trip. Of
-        two puts of one key, the later wins, as if it came right after the other."""
-        if len(items) == 1:
-            await self.store.put(*items[0])
+        two puts of one key, the later wins, as if it came right after the other. A put
+        with an operation key writes it too, guarded on its absence: when one is there
+        already (a repeat), that put is left out and the others go again."""
+        if all(item[2] is None for item in items):
+            if len(items) == 1:
+                await self.store.put(items[0][0], items[0][1])
+            else:
+                await self.store.txn(
+                    [], [Put(k, v) for k, v in {i[0]: i[1] for i in items}.items()]
+                )
+            return [{}] * len(items)
+        todo = list(range(len(items)))
+        for _ in range(100):
+            firsts: dict[bytes, int] = {}
+            puts: dict[bytes, bytes] = {}
+            for i in todo:
+                key, value, op = items[i]
+                if op is None or op not in firsts:
+                    puts[key] = value
+                    if op is not None:
+                        firsts[op] = i
+
+            def build(
+                lease: int, firsts: dict[bytes, int] = firsts, puts: dict[bytes, bytes] = puts
+            ) -> Txn:
+                return (
+                    [absent(k) for k in firsts],
+                    [Put(k, v) for k, v in puts.items()] + [Put(k, b"{}", lease) for k in firsts],
+                    [Get(k) for k in firsts],
+                )
+
+            result = await self.memory.txn(build)
+            if result.succeeded:
+                break
+            remembered = {k for n, k in enumerate(firsts) if result.results[n]}
+            todo = [i for i in todo if items[i][2] not in remembered]
+            if not todo:
+                break
         else:
-            await self.store.txn([], [Put(k, v) for k, v in dict(items).items()])
-        return [None] * len(items)
+            raise Busy("these writes are contended: try again")
+        return [{}] * len(items)
+
+    def _operation(self, prefix: bytes, args: dict[str, Any]) -> bytes | None:
+        """The key of this operation's first answer, if it carries an id."""
+        operation = operation_arg(args)
+        return None if operation is None else operation_key(_compute_base(prefix), operation)
 
     async def _get_batch(self, keys: list[bytes]) -> list[KeyValue | None]:
         """Strong reads that arrived together, in one transaction: one linearizable read
@@ -260,49 +316,123 @@ class Engine:
 
     async def _set(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key, value = prefix + b"e/" + key_arg(args), value_arg(args)
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
-            self._replica(prefix + b"e/").write(key, value)
-        else:
-            await self._puts.submit((key, value))
-        return {}
+            replica = self._replica(prefix + b"e/")
+
+            async def write() -> dict[str, Any]:
+                replica.write(key, value)
+                return {}
+
+            return await self.recent.once(once, write)
+        return await self._puts.submit((key, value, once))
 
     async def _add(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         return await self._set(prefix, {**args, "value": b""})
 
     async def _setdefault(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key, value = prefix + b"e/" + key_arg(args), value_arg(args)
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
-            current = await replica.lookup(key)
-            if current is None:
-                replica.write(key, value)
-                current = value
-            return {"value": current}
-        result = await self.store.txn(
-            [Compare(key, "version", "==", 0)], [Put(key, value)], [Get(key)]
+
+            async def write() -> dict[str, Any]:
+                current = await replica.lookup(key)
+                if current is None:
+                    replica.write(key, value)
+                    current = value
+                return {"value": current}
+
+            return await self.recent.once(once, write)
+        if once is None:
+            result = await self.store.txn(
+                [Compare(key, "version", "==", 0)], [Put(key, value)], [Get(key)]
+            )
+            return {"value": value if result.succeeded else result.results[0][0].value}
+        # remembered only when it set the key: a repeat after it found one is a fresh read
+        result = await self.memory.txn(
+            lambda lease: (
+                [absent(once), absent(key)],
+                [Put(key, value), Put(once, dump({"value": value}), lease)],
+                [Get(once), Get(key)],
+            )
         )
-        return {"value": value if result.succeeded else result.results[0][0].value}
+        if result.succeeded:
+            return {"value": value}
+        return first(result, 0) or {"value": result.results[1][0].value}
 
     async def _delete(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key = prefix + b"e/" + key_arg(args)
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
-            found = await replica.lookup(key) is not None
-            replica.write(key, None)
-            return {"found": found}
-        return {"found": await self.store.delete(key) > 0}
+
+            async def write() -> dict[str, Any]:
+                found = await replica.lookup(key) is not None
+                replica.write(key, None)
+                return {"found": found}
+
+            return await self.recent.once(once, write)
+        if once is None:
+            return {"found": await self.store.delete(key) > 0}
+        # remembered only when it deleted the key (a miss had no effect)
+        result = await self.memory.txn(
+            lambda lease: (
+                [absent(once), Compare(key, "version", ">", 0)],
+                [Delete(key), Put(once, dump({"found": True}), lease)],
+                [Get(once)],
+            )
+        )
+        if result.succeeded:
+            return {"found": True}
+        return first(result, 0) or {"found": False}
 
     async def _pop(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key = prefix + b"e/" + key_arg(args)
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
             replica = self._replica(prefix + b"e/")
-            value = await replica.lookup(key)
-            if value is not None:
-                replica.write(key, None)
-        else:
-            result = await self.store.txn([], [Delete(key)])
-            value = result.results[0][0].value if result.results[0] else None
+
+            async def write() -> dict[str, Any]:
+                value = await replica.lookup(key)
+                if value is not None:
+                    replica.write(key, None)
+                return {"found": value is not None, "value": value}
+
+            return await self.recent.once(once, write)
+        if once is not None:
+            return await self._pop_once(key, once)
+        result = await self.store.txn([], [Delete(key)])
+        value = result.results[0][0].value if result.results[0] else None
         return {"found": value is not None, "value": value}
+
+    async def _pop_once(self, key: bytes, once: bytes) -> dict[str, Any]:
+        """A pop with an operation id: its answer (the value) is written with the delete,
+        so the value is read first and the delete guarded on it unchanged (two round
+        trips). Remembered only when it took a value."""
+        for _ in range(100):
+            seen = await self.store.txn([], [Get(once), Get(key)])
+            if seen.results[0]:
+                return load(seen.results[0][0].value)
+            if not seen.results[1]:
+                return {"found": False, "value": None}
+            kv = seen.results[1][0]
+            answer = {"found": True, "value": kv.value}
+
+            def build(lease: int, kv: KeyValue = kv, answer: dict[str, Any] = answer) -> Txn:
+                return (
+                    [absent(once), Compare(key, "mod", "==", kv.mod_revision)],
+                    [Delete(key), Put(once, dump(answer), lease)],
+                    [Get(once)],
+                )
+
+            result = await self.memory.txn(build)
+            if result.succeeded:
+                return answer
+            remembered = first(result, 0)
+            if remembered is not None:
+                return remembered
+        raise Busy("this key is contended: try again")
 
     async def _entries(self, prefix: bytes, args: dict[str, Any]) -> list[tuple[bytes, bytes]]:
         if consistency_arg(args) == "eventual":
@@ -324,28 +454,48 @@ class Engine:
         return {"len": len(await self._entries(prefix, args))}
 
     async def _clear(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
-            self._replica(prefix + b"e/").clear()
-        else:
+            replica = self._replica(prefix + b"e/")
+
+            async def write() -> dict[str, Any]:
+                replica.clear()
+                return {}
+
+            return await self.recent.once(once, write)
+        if once is None:
             await self.store.delete(prefix + b"e/", prefix=True)
-        return {}
+            return {}
+        result = await self.memory.txn(
+            lambda lease: (
+                [absent(once)],
+                [Delete(prefix + b"e/", prefix=True), Put(once, b"{}", lease)],
+                [Get(once)],
+            )
+        )
+        return {} if result.succeeded else first(result, 0) or {}
 
     # counter
 
     def _counter(self, key: bytes) -> StrongCounter:
         counter = self._counters.get(key)
         if counter is None:
-            counter = self._counters[key] = StrongCounter(self.store, key)
+            counter = self._counters[key] = StrongCounter(self.store, key, self.memory)
         return counter
 
     async def _counter_add(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         n = int_arg(args, "n", 1)
         key = prefix + b"value"
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
             replica = self._replica(key)
-            replica.counter_write(n, reset=False)
-            return {"value": await replica.counter_value(key)}
-        return {"value": await self._counter(key).combiner.submit(n)}
+
+            async def write() -> dict[str, Any]:
+                replica.counter_write(n, reset=False)
+                return {"value": await replica.counter_value(key)}
+
+            return await self.recent.once(once, write)
+        return {"value": await self._counter(key).combiner.submit((n, once))}
 
     async def _counter_get(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         key = prefix + b"value"
@@ -367,7 +517,7 @@ class Engine:
     def _queue(self, prefix: bytes) -> StrongQueue:
         queue = self._queues.get(prefix)
         if queue is None:
-            queue = self._queues[prefix] = StrongQueue(self.store, prefix)
+            queue = self._queues[prefix] = StrongQueue(self.store, prefix, self.memory)
         return queue
 
     async def _offer(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
@@ -377,17 +527,25 @@ class Engine:
                 "a queue does not take None: a poll answers None for an empty queue, so a "
                 "None item could not be told from no item"
             )
+        once = self._operation(prefix, args)
         if consistency_arg(args) == "eventual":
-            self._replica(prefix + b"q/", follow=False).offer(value)
-        else:
-            await self._queue(prefix).offers.submit(value)
+            replica = self._replica(prefix + b"q/", follow=False)
+
+            async def write() -> dict[str, Any]:
+                replica.offer(value)
+                return {}
+
+            return await self.recent.once(once, write)
+        await self._queue(prefix).offers.submit((value, once))
         return {}
 
     async def _poll(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Always a claim in etcd (exactly-once delivery needs agreement); eventual polls
-        also take this replica's own offers that are not written yet."""
-        value = await self._queue(prefix).polls.submit(None)
-        if value is None and consistency_arg(args) == "eventual":
+        also take this replica's own offers that are not written yet (not a poll with an
+        operation id: its answer must be in etcd with its claim)."""
+        once = self._operation(prefix, args)
+        value = await self._queue(prefix).polls.submit(once)
+        if value is None and once is None and consistency_arg(args) == "eventual":
             replica = self._replicas.get(prefix + b"q/")
             if replica is not None and replica.offers:
                 value = replica.offers.pop(0)
@@ -558,7 +716,7 @@ class Engine:
 
     async def _lock_release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         no_lease(args)
-        return await self.locks.release(prefix, args)
+        return await self.locks.release(prefix, args, self._operation(prefix, args))
 
     # the eventual writes: buffered, then written in batches
 
@@ -674,7 +832,7 @@ class Engine:
                 revision = await self.store.put(replica.prefix, str(step.delta).encode())
                 counter.known = (step.delta, revision)
             else:
-                await counter.combiner.submit(step.delta)
+                await counter.combiner.submit((step.delta, None))
                 revision = counter.known[1]
         except StoreUnavailable as e:
             if step.reset:  # a put is idempotent: buffer it again, merged with newer adds
@@ -700,7 +858,7 @@ class Engine:
             chunk = replica.offers[: MAX_TXN_OPS - 1]
             del replica.offers[: len(chunk)]
             try:
-                await queue.offer_batch(chunk)
+                await queue.offer_batch([(value, None) for value in chunk])
             except StoreUnavailable as e:
                 self.stats.dropped += len(chunk)
                 log.warning("%d eventual offers ended in doubt and were dropped: %s", len(chunk), e)
@@ -738,6 +896,11 @@ def no_lease(args: dict[str, Any]) -> None:
             "its owner and token, a barrier's arrival by its participant: upgrade the o41 "
             "client in this image"
         )
+
+
+def _put_weight(item: tuple[bytes, bytes, bytes | None]) -> int:
+    """A strong put's operations in a transaction: its own, and its answer's if any."""
+    return 1 if item[2] is None else 2
 
 
 def _compute_base(prefix: bytes) -> bytes:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from o41.collections.checks import float_arg, id_arg, int_arg
+from o41.collections.once import Memory, absent, dump, load
 from o41.state.base import (
     Compare,
     Delete,
@@ -250,8 +251,9 @@ class _Leaving:
 class Locks:
     """The lock operations of an engine (acquire, keepalive, release)."""
 
-    def __init__(self, store: Store, max_wait: float) -> None:
+    def __init__(self, store: Store, max_wait: float, memory: Memory | None = None) -> None:
         self.store = store
+        self.memory = memory if memory is not None else Memory(store)
         self.max_wait = max_wait
         self._views: dict[bytes, View] = {}
         self._sessions: dict[bytes, int] = {}  # session key -> its lease (a cache)
@@ -490,7 +492,9 @@ class Locks:
         ttl = await self.store.lease_keepalive(current.lease) if current.lease else 0
         return {"alive": ttl > 0, "ttl": ttl}
 
-    async def release(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
+    async def release(
+        self, prefix: bytes, args: dict[str, Any], once: bytes | None = None
+    ) -> dict[str, Any]:
         """Free the lock if ``owner`` with this token holds it, in one transaction: handed
         over to the first waiter when this replica knows it, else deleted (the first waiter
         claims it). Whether it was still held.
@@ -502,7 +506,7 @@ class Locks:
         this replica dies first, the holder key goes with its lease."""
         holder, owner, token = self._held(prefix, args)
         if args.get("early") is not True or self._closed:
-            return await self._release(prefix, holder, owner, token, args)
+            return await self._release(prefix, holder, owner, token, args, once)
         leaving = _Leaving(owner, token, args)
         view = self._views.get(prefix)
         known = view is not None and not view.broken and view.first() is not None
@@ -561,9 +565,24 @@ class Locks:
             await asyncio.wait(set(self._releasing), timeout=within)
 
     async def _release(
-        self, prefix: bytes, holder: bytes, owner: bytes, token: int, args: dict[str, Any]
+        self,
+        prefix: bytes,
+        holder: bytes,
+        owner: bytes,
+        token: int,
+        args: dict[str, Any],
+        once: bytes | None = None,
     ) -> dict[str, Any]:
+        """``once``: the key of the release's operation id, written with the release and
+        guarded on its absence; a repeat answers what it remembers (the effect itself is
+        guarded on the owner and token already)."""
         mine = [Compare(holder, "value", "==", owner), Compare(holder, "mod", "==", token)]
+        remember: list[Put] = []
+        recall: list[Get] = []
+        if once is not None:
+            mine.append(absent(once))
+            remember = [Put(once, dump({"released": True}), await self.memory.current())]
+            recall = [Get(once)]
         view = self._views.get(prefix)
         successor = view.first() if view is not None and not view.broken else None
         if view is not None and successor is not None:
@@ -577,13 +596,14 @@ class Locks:
                         Put(holder, successor.value, lease=successor.lease),
                         Delete(successor.key),
                         *puts,
+                        *remember,
                     ],
-                    [Get(holder), *puts],
+                    [Get(holder), *puts, *recall],
                 )
             except LeaseNotFound as e:  # a session just expired: free it plainly
                 if arrivals:  # perhaps an arrival's: they arrive again, this goes on alone
                     view.fail(arrivals, e)
-                    return await self._release(prefix, holder, owner, token, args)
+                    return await self._release(prefix, holder, owner, token, args, once)
                 view.delete(successor.key, view.seen.get(successor.key, 0) + 1)
                 successor = None
             except BaseException as e:
@@ -596,11 +616,15 @@ class Locks:
                 view.put(KeyValue(holder, successor.value, 0, result.revision, 0, successor.lease))
                 view.delete(successor.key, result.revision)
                 return {"released": True}
+            if recall and result.results[-1]:  # a repeat: released before
+                return load(result.results[-1][0].value)
             current = result.results[0][0] if result.results[0] else None
             if current is None or current.value != owner or current.mod_revision != token:
                 return {"released": False}
             # that waiter went meanwhile: free it plainly
-        result = await self.store.txn(mine, [Delete(holder)])
+        result = await self.store.txn(mine, [Delete(holder), *remember], recall)
+        if not result.succeeded and recall and result.results[0]:
+            return load(result.results[0][0].value)
         if result.succeeded:
             view = self._views.get(prefix)  # a waiter may have arrived meanwhile
             if view is not None:

@@ -2,6 +2,9 @@
 
 - ``pending/<version>``: a write that began; bound to a lease, so a write never committed
   expires on its own.
+- ``committed/<version>``: a write's commit, remembered (the tenant that committed it and
+  the commit's answer) by the commit's own transaction under the lease of pending writes
+  (about an hour): a commit retried after it landed answers it again (issue 39).
 - ``versions/<org>/<artifact>/<version>``: a committed version: only these are readable.
 - ``index/<org>/<artifact>/<inverted commit sequence>-<version>``: the same record again,
   newest first (``o41.core.versions.index_suffix``): a page of a listing is a range read
@@ -36,6 +39,10 @@ PREFIX = b"/o41/placement/"
 
 def pending_key(version: str) -> bytes:
     return PREFIX + b"pending/" + version.encode()
+
+
+def committed_key(version: str) -> bytes:
+    return PREFIX + b"committed/" + version.encode()
 
 
 def version_key(organization: str, artifact: str, version: str) -> bytes:
@@ -192,6 +199,23 @@ class Tag:
 
     @classmethod
     def load(cls, raw: bytes) -> Tag:
+        return cls(**_known(cls, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A commit that landed, for its repeats: only the same tenant is answered it."""
+
+    namespace: str  # the tenant that committed it
+    organization: str
+    directory: bool
+    answer: dict[str, Any]  # what the commit answered
+
+    def dump(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def load(cls, raw: bytes) -> Committed:
         return cls(**_known(cls, raw))
 
 

@@ -23,6 +23,16 @@ class CollectionArgs(TypedDict, total=False):
     ttl: Annotated[int, Field(ge=1)]
     timeout: Annotated[float, Field(ge=0)]
     final: bool
+    operation: Annotated[
+        str,
+        Field(
+            pattern="^[0-9a-f]{32}$",
+            description=(
+                "The operation's id (uuid4().hex), the same in every attempt: a repeat of "
+                "a write that acted is answered its first answer (remembered 10-11 minutes)."
+            ),
+        ),
+    ]
 
 
 class CollectionOut(TypedDict, total=False):

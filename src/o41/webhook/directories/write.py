@@ -35,10 +35,16 @@ from o41.webhook.http.bodies import Model
 from o41.webhook.http.store import STORE
 from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import put_manifest
-from o41.webhook.records import new_version
+from o41.webhook.records import Committed, new_version
 from o41.webhook.writes.begin import count_begin, place_new
 from o41.webhook.writes.bodies import PlaceIn
-from o41.webhook.writes.commit import count_write, make_version, to_commit, version_of
+from o41.webhook.writes.commit import (
+    AlreadyCommitted,
+    count_write,
+    make_version,
+    to_commit,
+    version_of,
+)
 from o41.webhook.writes.pending import put_pending
 
 
@@ -163,7 +169,10 @@ async def commit(
     its manifest object first (beside its files), then the version and its index key in
     one transaction."""
     store = app[STORE]
-    c = await to_commit(app, caller, version, body.metadata, body.tag, directory=True)
+    try:
+        c = await to_commit(app, caller, version, body.metadata, body.tag, directory=True)
+    except AlreadyCommitted as e:
+        return e.answer  # type: ignore[return-value]
     found, pending, metadata, tag, location, opened = c
     assert pending.manifest is not None
     entries = from_rows(pending.manifest)
@@ -177,12 +186,7 @@ async def commit(
         manifest_sha256=manifest.sha256,
         manifest_size=manifest.size,
     )
-    made = await make_version(
-        store, pending, found.mod_revision, record, tag, caller.tenant, opened
-    )
-    if made:  # only the commit that made the version counts it (not replays)
-        count_write(app, pending, location, size)
-    return {
+    answer: DirectoryCommitOut = {
         "version": version,
         "location": location.name,
         "size": size,
@@ -190,3 +194,10 @@ async def commit(
         "files": len(entries),
         "tag": tag,
     }
+    remembered = Committed(caller.tenant, pending.organization, True, dict(answer))
+    made = await make_version(
+        store, pending, found.mod_revision, record, tag, caller.tenant, opened, remembered, app
+    )
+    if made:  # only the commit that made the version counts it (not replays)
+        count_write(app, pending, location, size)
+    return answer

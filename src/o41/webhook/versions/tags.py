@@ -101,6 +101,8 @@ async def move_tag(
     current = await store.get(key)
     now = None if current is None else Tag.load(current.value)
     if expects and (None if now is None else now.version) != body.expected:
+        if now is not None and now.version == target.version:
+            return await _moved_already(app, org.name, artifact, tag, now, body.expected, target)
         raise _lost(artifact, tag, now, body.expected)
     record = Tag(version=target.version, set=micros(time.time()) / 1e6, namespace=caller.tenant)
     guard = (
@@ -115,18 +117,35 @@ async def move_tag(
         if now_held is None or now_held.mod_revision != held.mod_revision:
             raise deleted_by_retention(org.name, artifact, target.version)
         again = await store.get(key)
-        raise _lost(
-            artifact,
-            tag,
-            None if again is None else Tag.load(again.value),
-            body.expected if expects else (None if now is None else now.version),
-        )
+        moved = None if again is None else Tag.load(again.value)
+        previous = body.expected if expects else (None if now is None else now.version)
+        if expects and moved is not None and moved.version == target.version:
+            return await _moved_already(app, org.name, artifact, tag, moved, previous, target)
+        raise _lost(artifact, tag, moved, previous)
     move = TagMove(org.name, artifact, tag, target.version, micros(record.set), caller.tenant)
     await _journal(app, move, target.location)
     return {
         **_tag_json(artifact, tag, record),
         "previous": None if now is None else now.version,
     }
+
+
+async def _moved_already(
+    app: web.Application,
+    organization: str,
+    artifact: str,
+    tag: str,
+    now: Tag,
+    expected: str | None,
+    target: VersionRecord,
+) -> TagMoved:
+    """A compare-and-set whose tag names the wanted version already (a move retried after
+    it landed, its answer lost; or another writer made the same move): success, as the
+    first answer was, with ``expected`` as the version before. Its journal entry is written
+    again (the same entry, the same object): the first may have failed with a 503."""
+    move = TagMove(organization, artifact, tag, now.version, micros(now.set), now.namespace)
+    await _journal(app, move, target.location)
+    return {**_tag_json(artifact, tag, now), "previous": expected}
 
 
 async def delete_tag(

@@ -25,7 +25,7 @@ from o41.core.writes import (
     etags_problem,
 )
 from o41.kube.locations import Location
-from o41.state import Compare, Delete, KeyValue, Put, Store, StoreUnavailable
+from o41.state import Compare, Delete, KeyValue, LeaseNotFound, Put, Store, StoreUnavailable
 from o41.webhook.buckets import OpenBucket, bucket_for
 from o41.webhook.cluster.scope import organization_for
 from o41.webhook.cluster.view import VIEW
@@ -35,10 +35,12 @@ from o41.webhook.identity.auth import Caller
 from o41.webhook.ledger import put_record
 from o41.webhook.records import (
     ArtifactRecord,
+    Committed,
     Pending,
     Tag,
     Version,
     artifact_key,
+    committed_key,
     index_prefix,
     pending_key,
     tag_key,
@@ -49,12 +51,16 @@ from o41.webhook.usage.counters import USAGE, location_dims
 from o41.webhook.usage.counts import COUNTS
 from o41.webhook.writes.answers import CommitOut
 from o41.webhook.writes.bodies import CommitIn
+from o41.webhook.writes.pending import LEASES
 
 
 async def commit(app: web.Application, caller: Caller, version: str, body: CommitIn) -> CommitOut:
     """Make a version readable, once the bucket really holds what was declared."""
     store = app[STORE]
-    c = await to_commit(app, caller, version, body.metadata, body.tag, directory=False)
+    try:
+        c = await to_commit(app, caller, version, body.metadata, body.tag, directory=False)
+    except AlreadyCommitted as e:
+        return e.answer  # type: ignore[return-value]
     found, pending, metadata, tag, location, opened = c
     bucket = opened.bucket
     if pending.upload_id is not None:
@@ -73,18 +79,20 @@ async def commit(app: web.Application, caller: Caller, version: str, body: Commi
         None if stat is None else Held(stat.size, stat.md5, stat.crc32),
     )
     record = version_of(pending, held.size, held.md5 or pending.md5, metadata)
-    succeeded = await make_version(
-        store, pending, found.mod_revision, record, tag, caller.tenant, opened
-    )
-    if succeeded:  # only the commit that made the version counts it (not replays)
-        count_write(app, pending, location, held.size)
-    return {
+    answer: CommitOut = {
         "version": version,
         "location": location.name,
         "size": held.size,
         "md5": record.md5,
         "tag": tag,
     }
+    remembered = Committed(caller.tenant, pending.organization, False, dict(answer))
+    succeeded = await make_version(
+        store, pending, found.mod_revision, record, tag, caller.tenant, opened, remembered, app
+    )
+    if succeeded:  # only the commit that made the version counts it (not replays)
+        count_write(app, pending, location, held.size)
+    return answer
 
 
 async def parts_as_recorded(
@@ -109,6 +117,14 @@ async def parts_as_recorded(
         pending.crc32,
         (HeldPart(p.number, p.size, p.crc32) for p in held),
     )
+
+
+class AlreadyCommitted(Exception):
+    """A commit retried after it landed: its first answer (issue 39)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        super().__init__("committed already")
+        self.answer = answer
 
 
 class Committing(NamedTuple):
@@ -138,6 +154,7 @@ async def to_commit(
     commit's ``metadata`` merged over begin's and its ``tag`` over begin's, checked."""
     found = await app[STORE].get(pending_key(version))
     if found is None:
+        await _committed(app, caller, version, directory=directory)
         raise problem(
             404,
             f"no write {version!r} is waiting for its commit: it expired, was committed "
@@ -164,6 +181,22 @@ async def to_commit(
     if location is None:
         raise problem(409, f"location {pending.location!r} is gone; begin again")
     return Committing(found, pending, merged, tag, location, await bucket_for(app, location))
+
+
+async def _committed(
+    app: web.Application, caller: Caller, version: str, *, directory: bool
+) -> None:
+    """A commit of ``version`` that landed already, by the caller's tenant, still of an
+    organization it may use: :class:`AlreadyCommitted` with that commit's answer. Another
+    tenant's commit is not told (the 404 of a write that is not there)."""
+    kv = await app[STORE].get(committed_key(version))
+    if kv is None:
+        return
+    made = Committed.load(kv.value)
+    if made.namespace != caller.tenant or made.directory != directory:
+        return
+    organization_for(app, made.organization, caller)  # still the caller's to use
+    raise AlreadyCommitted(made.answer)
 
 
 def version_of(
@@ -233,6 +266,8 @@ async def make_version(
     tag: str | None,
     namespace: str,
     opened: OpenBucket,
+    remembered: Committed | None = None,
+    app: web.Application | None = None,
 ) -> bool:
     """One transaction turns the pending write into the version: its record, its index
     key (the artifact's next commit sequence number, newest first), the artifact's record
@@ -244,7 +279,11 @@ async def make_version(
     Before each transaction the version's record object is written to its bucket with
     the number the transaction will take (``o41.webhook.ledger``): a commit acknowledged
     has its record durable, and a transaction that loses its compare is followed by a PUT
-    of the next number under the same key."""
+    of the next number under the same key.
+
+    ``remembered``: the commit's answer, kept by the same transaction under
+    ``committed/<version>`` with the lease of pending writes (``app``'s), so a commit
+    retried after it landed answers it again (:func:`to_commit`)."""
     org, artifact, version = pending.organization, pending.artifact, pending.version
     akey, vkey = artifact_key(org, artifact), version_key(org, artifact, version)
     async with _turn(org, artifact):
@@ -274,7 +313,18 @@ async def make_version(
                 moved = Tag(version, record.committed, namespace)
                 made.append(Put(tag_key(org, artifact, tag), moved.dump()))
             pending_guard = Compare(pending_key(version), "mod", "==", pending_mod)
-            result = await store.txn([pending_guard, guard], made)
+            if remembered is not None and app is not None:
+                leases = app[LEASES]
+                lease = await leases.current(store)
+                kept = Put(committed_key(version), remembered.dump(), lease)
+                try:
+                    result = await store.txn([pending_guard, guard], [*made, kept])
+                except LeaseNotFound:  # the transaction did not run: a new lease
+                    lease = await leases.renew(store, lease)
+                    kept = Put(committed_key(version), remembered.dump(), lease)
+                    result = await store.txn([pending_guard, guard], [*made, kept])
+            else:
+                result = await store.txn([pending_guard, guard], made)
             if result.succeeded:
                 return True
             if await store.get(vkey) is not None:
