@@ -147,9 +147,9 @@ def test_a_service_down_then_up_loses_no_write_of_any_kind() -> None:
 
 
 def test_what_may_have_been_applied_is_not_sent_again() -> None:
-    """The connection closes after the request came: an unconditional tag move is sent
-    again (it does what it did), a compare-and-set is not (until the service remembers
-    operation ids, issue 39 point 2): it says it may or may not have been applied."""
+    """The connection closes after the request came: a tag move, plain or compare-and-set,
+    is sent again (a repeat of one that landed answers success, issue 39 point 2); a
+    tag's delete is not: it says it may or may not have been applied."""
     closed = [1]
 
     def script(method: str, path: str, body: Any) -> Answer | str:
@@ -168,10 +168,18 @@ def test_what_may_have_been_applied_is_not_sent_again() -> None:
         closed[0] = 1
         done = o41(
             "tag", "--org", ORG, "--artifact", ARTIFACT, "best", "v1", "--expect", "v0",
-            "--json", "--endpoint", stub.url,
+            "--endpoint", stub.url,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert stub.asked(TAG) == 4  # sent again
+
+        closed[0] = 1
+        done = o41(
+            "tag", "--org", ORG, "--artifact", ARTIFACT, "best", "--delete", "--json",
+            "--endpoint", stub.url,
         )  # fmt: skip
         assert done.returncode == 1
-        assert stub.asked(TAG) == 3  # once
+        assert stub.asked(TAG) == 5  # once
     error = json.loads(done.stderr)
     assert error["status"] is None
     assert "the request may or may not have been applied" in error["error"]

@@ -136,8 +136,10 @@ async def test_a_409_is_one_class_whichever_side_answered_it(service: Service) -
 
     def tag_twice() -> tuple[str, BaseException]:
         written = client.write(ORG, "m", b"weights")
+        other = client.write(ORG, "m", b"other weights")
         client.tag(ORG, "m", "first", written.version, expected=None)
-        again = raised(lambda: client.tag(ORG, "m", "first", written.version, expected=None))
+        # (the same move again would answer success: a repeat of one that landed)
+        again = raised(lambda: client.tag(ORG, "m", "first", other.version, expected=None))
         return written.version, again
 
     def barrier_of_other_parties() -> BaseException:

@@ -292,7 +292,10 @@ class Artifacts:
             commit: dict[str, Any] = {"etags": etags}
             if md5:
                 commit["md5"] = md5
-            done = self.call("POST", f"/v1/writes/{began['version']}/commit", commit)
+            # a repeat of a commit that landed answers the version (the service keeps it)
+            done = self.call(
+                "POST", f"/v1/writes/{began['version']}/commit", commit, idempotent=True
+            )
         except BaseException as e:
             if in_parts:
                 resumable(e, in_parts[0], artifact)
@@ -356,7 +359,7 @@ class Artifacts:
             commit["etags"] = upload_parts(
                 source, size, part_size, parts, urls, location, kept, self.timeout, callback
             )
-            done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit)
+            done = self.call("POST", f"/v1/writes/{_q(version)}/commit", commit, idempotent=True)
         except BaseException as e:
             resumable(e, version, artifact)
             raise
@@ -623,7 +626,7 @@ class Artifacts:
             "PUT",
             f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/tags/{_q(tag)}",
             body,
-            idempotent=not check,  # a compare-and-set answers 409 to its own repeat
+            idempotent=True,  # a compare-and-set repeated after it moved answers success
         )
         return moved
 

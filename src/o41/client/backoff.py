@@ -36,10 +36,14 @@ a quota: waiting does not free it), other 5xx     no           no
 a certificate this pod does not trust             no           no
 ================================================  ===========  ==================
 
-The rest waits for operation ids (issue 39, point 2): a non-idempotent call carries one
-(:func:`operation_id`), sent only once ``OPERATION_IDS`` (or a connection's
-``operation_ids``) is on, that is once the service remembers them and answers a repeat
-with the first answer; then every call is retried as an idempotent one is.
+What is not idempotent by itself is made so by the service (issue 39, point 2): a
+commit (file or directory) is keyed by its write id and a repeat answers the first
+answer; a tag's compare-and-set repeated after it moved answers success; and a
+collection operation that is not idempotent (a counter's add, a queue's offer and poll,
+a dict's or registry's delete and pop) carries an operation id (:func:`operation_id`)
+in its arguments (:data:`OPERATION_FIELD`), whose first answer the service keeps with
+the effect, in etcd, for ten minutes. Those are retried as an idempotent call is. What
+is left (a tag's delete) is sent again only when it provably never reached the service.
 
 Standard library only, imported by ``o41.client.connection`` at a pod's start-up.
 """
@@ -63,13 +67,11 @@ FIRST_WAIT = 0.25  # the first wait's ceiling (seconds); each next one's doubles
 LONGEST_WAIT = 15.0  # no backoff waits longer (a Retry-After may)
 CONNECT_TIMEOUT = 10.0  # seconds to connect (a proxy's tunnel, the TLS handshake too)
 
-#: Issue 39 point 2's switch: on once the service remembers operation ids (and answers a
-#: repeated operation with its first answer); then every call is retried as an idempotent
-#: one is, carrying its id (:data:`OPERATION_HEADER`, or the collections' message field
-#: :data:`OPERATION_FIELD`). Off until then: a non-idempotent call is sent again only when
-#: it provably never reached the service.
-OPERATION_IDS = False
-OPERATION_HEADER = "Idempotency-Key"  # the IETF httpapi draft's name, as Stripe's
+#: Whether the collections' operations that are not idempotent carry an operation id
+#: (and are then retried as idempotent ones are): the service remembers them (issue 39,
+#: point 2). ``Connection.operation_ids`` turns it off for one connection (a service
+#: older than the ids, which would refuse the argument).
+OPERATION_IDS = True
 OPERATION_FIELD = "operation"
 
 __all__ = [
@@ -77,7 +79,6 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "ENV_DEADLINE",
     "OPERATION_FIELD",
-    "OPERATION_HEADER",
     "OPERATION_IDS",
     "Retries",
     "deadline_of",
@@ -107,8 +108,8 @@ def deadline_of(given: float | None) -> float:
 
 
 def operation_id() -> str:
-    """A new operation id: what a non-idempotent call carries once the service remembers
-    them (:data:`OPERATION_IDS`)."""
+    """A new operation id: what a collection operation that is not idempotent carries
+    (:data:`OPERATION_IDS`), 32 lowercase hex digits, as the service checks."""
     return uuid.uuid4().hex
 
 

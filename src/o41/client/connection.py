@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from o41.client import backoff
-from o41.client.backoff import ENV_DEADLINE, Retries, deadline_of, operation_id
+from o41.client.backoff import ENV_DEADLINE, Retries, deadline_of
 from o41.client.errors import (
     ConfigError,
     ConnectError,
@@ -91,12 +91,12 @@ class Connection:
     call is tried for while the service cannot answer (default
     ``$O41_ARTIFACTS_RETRY_DEADLINE``, else 300; 0: no retries; ``o41.client.backoff``).
 
-    :attr:`operation_ids` (issue 39, point 2's switch, ``backoff.OPERATION_IDS``): whether
-    the calls that are not idempotent send their operation id, and so may be retried.
+    :attr:`operation_ids` (``backoff.OPERATION_IDS``): whether the collection operations
+    that are not idempotent send an operation id, and so may be retried.
     """
 
-    #: Whether a call that is not idempotent sends its operation id (and is then retried as
-    #: an idempotent one is): on once the service remembers them (issue 39, point 2).
+    #: Whether a collection operation that is not idempotent sends an operation id (and
+    #: is then retried as an idempotent one is): the service remembers them.
     operation_ids: bool = backoff.OPERATION_IDS
 
     def __init__(
@@ -223,15 +223,13 @@ class Connection:
         long poll), on top of the read timeout."""
         if idempotent is None:
             idempotent = method in IDEMPOTENT_METHODS
-        operation = None if idempotent else operation_id()
         retries = Retries(self.retry_deadline, f"{method} {path.partition('?')[0]}")
         while True:
             try:
-                return self._send(method, path, body, wait, operation)
+                return self._send(method, path, body, wait)
             except O41Error as e:
-                safe = idempotent or self.operation_ids
-                if not retries.again(e, safe):
-                    if isinstance(e, TransportError) and e.sent and not safe:
+                if not retries.again(e, idempotent):
+                    if isinstance(e, TransportError) and e.sent and not idempotent:
                         e.args = (f"{e}; the request may or may not have been applied",)
                     raise
 
@@ -241,7 +239,6 @@ class Connection:
         path: str,
         body: Mapping[str, Any] | None,
         wait: float,
-        operation: str | None,
     ) -> Any:
         """One attempt of :meth:`request`."""
         import http.client
@@ -255,8 +252,6 @@ class Connection:
         token = self.bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        if operation is not None and self.operation_ids:
-            headers[backoff.OPERATION_HEADER] = operation
         data = None
         if body is not None:
             data = json.dumps(body).encode()

@@ -184,7 +184,8 @@ def write_dir(
         _upload(api, files, began["files"], size, began["location"], callback)
 
     began, _ = begin_elsewhere(begin, send)
-    done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {})
+    # a repeat of a commit that landed answers the version (the service keeps it)
+    done = api.call("POST", f"/v1/directories/{_q(began['version'])}/commit", {}, idempotent=True)
     return DirectoryWritten(
         began["version"],
         began["location"],

@@ -460,13 +460,13 @@ class HttpTransport:
         operation: str | None = None,
     ) -> tuple[int, Any, dict[str, Any]]:
         """One operation on ``conn``: the status, and the result (200) or the refusal's
-        answer (its ``error``, and what else the service said). ``operation``: its id,
-        sent once the service remembers them (``Connection.operation_ids``)."""
+        answer (its ``error``, and what else the service said). ``operation``: its id, sent
+        among its arguments (the service answers a repeat with the first answer)."""
+        if operation is not None:  # the service keeps its first answer under it
+            args = {**args, backoff.OPERATION_FIELD: operation}
         if conn.websocket:
             self._renew(conn)
             message = {"compute": compute, "kind": kind, "name": name, "op": op, "args": args}
-            if operation is not None:
-                message[backoff.OPERATION_FIELD] = operation
             conn.send(wire.dumps(message))
             self._settle(conn)
             answer = self._answer(conn)
@@ -478,8 +478,6 @@ class HttpTransport:
             return status, answer.get("result"), {}
         body = json.dumps(args, separators=(",", ":")).encode()
         head = self._head("POST", f"/v1/collections/{compute}/{kind}/{name}/{op}")
-        if operation is not None:
-            head += f"{backoff.OPERATION_HEADER}: {operation}\r\n"
         status, data, keep = conn.exchange(
             head.encode()
             + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

@@ -541,15 +541,24 @@ class Engine:
 
     async def _poll(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
         """Always a claim in etcd (exactly-once delivery needs agreement); eventual polls
-        also take this replica's own offers that are not written yet (not a poll with an
-        operation id: its answer must be in etcd with its claim)."""
+        also take this replica's own offers that are not written yet. With an operation
+        id, a claim's answer is kept in etcd with it; an own offer's, in this replica's
+        memory, as every eventual operation's."""
         once = self._operation(prefix, args)
+        eventual = consistency_arg(args) == "eventual"
+        if once is not None and eventual:
+            first = self.recent.get(once)
+            if first is not None:  # it took one of this replica's own offers
+                return first
         value = await self._queue(prefix).polls.submit(once)
-        if value is None and once is None and consistency_arg(args) == "eventual":
+        if value is None and eventual:
             replica = self._replicas.get(prefix + b"q/")
             if replica is not None and replica.offers:
-                value = replica.offers.pop(0)
+                taken = {"found": True, "value": replica.offers.pop(0)}
                 self.buffer.discard(1)
+                if once is not None:  # an offer not in etcd yet: its answer in memory
+                    self.recent.put(once, taken)
+                return taken
         return {"found": value is not None, "value": value}
 
     async def _queue_len(self, prefix: bytes, args: dict[str, Any]) -> dict[str, Any]:
