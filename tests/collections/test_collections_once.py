@@ -216,7 +216,7 @@ async def test_the_remembered_answer_is_leased(replicas: Replicas) -> None:
     job = Job(replicas)
     same = op()
     await job("counter.c.add", operation=same)
-    key = f"/o41/collections/team-a/{job.compute}/operations/{same}".encode()
+    key = f"/o41/operations/team-a/{job.compute}/{same}".encode()  # no key of the quota
     kv = await replicas[0].store.get(key)
     assert kv is not None and kv.lease and len(kv.value) < 64
     assert replicas[0].memory.lease == kv.lease

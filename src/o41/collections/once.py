@@ -1,7 +1,7 @@
 """Operations applied once (issue 39): the first answer of an operation that carries an
 id (``operation``, :mod:`o41.core.operations`) is written in the transaction of its
-effect, under ``<compute prefix>operations/<id>`` (the caller's own namespace and compute:
-another tenant's same id is another key), guarded by a compare that the key does not
+effect, under ``/o41/operations/<namespace>/<compute>/<id>`` (the caller's own namespace
+and compute: another tenant's same id is another key), guarded by a compare that the key does not
 exist. A repeat, through this replica or another, finds the key: the transaction's compare
 fails, the failure branch reads the key, and the repeat answers the first answer with no
 second effect. Of two concurrent attempts, one transaction wins; the other finds the key.
@@ -9,8 +9,9 @@ second effect. Of two concurrent attempts, one transaction wins; the other finds
 Bounded in time: the keys live under a lease of the minute they were written in, granted
 with a TTL of :data:`REMEMBERED_FOR` + 60 s (one grant a minute per replica, none for an
 operation without an id). In space: one key per operation of at most a value's size (the
-answer: ``{}``, a found flag, a counter's value or a polled value), counted in the
-namespace's quota like its other keys.
+answer: ``{}``, a found flag, a counter's value or a polled value), outside the
+namespace's quota (an answer is the service's bookkeeping, gone with its lease, not what
+the tenant stores): at most the token's operation rate times the lease's TTL.
 
 An operation whose first attempt changed nothing (a delete of a missing key, a poll of an
 empty queue, a setdefault of a key that is there) writes no key: it had no effect, so a
@@ -31,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from o41.collections.checks import ROOT
 from o41.core.operations import REMEMBERED_FOR
 from o41.state.base import Compare, LeaseNotFound, Op, Store, TxnResult
 
@@ -41,9 +43,16 @@ Txn = tuple[Sequence[Compare], Sequence[Op], Sequence[Op]]  # compares, success,
 Build = Callable[[int], Txn]  # a transaction, given the lease of the answers it writes
 
 
+#: Where remembered answers live: beside the collections, not among a namespace's keys.
+OPERATIONS_ROOT = b"/o41/operations/"
+
+
 def operation_key(base: bytes, operation: str) -> bytes:
-    """Where the first answer of ``operation`` lives; ``base``: the compute's prefix."""
-    return base + b"operations/" + operation.encode()
+    """Where the first answer of ``operation`` lives; ``base``: the compute's prefix
+    (``/o41/collections/<namespace>/<compute>/``). Kept apart from the namespace's keys
+    so that they count in no quota: a job adding to a counter a hundred times a second
+    would otherwise fill its 50,000 entries with remembered answers in eight minutes."""
+    return OPERATIONS_ROOT + base.removeprefix(ROOT) + operation.encode()
 
 
 def absent(key: bytes) -> Compare:
