@@ -53,8 +53,11 @@ typecheck: deps
 
 # The whole suite, the real node's and the image's tests included (root: podman builds the
 # images, a kubelet, containerd, runc, CNI, kube-proxy and CoreDNS run the chart's own pods).
+# Two workers (pytest-xdist; TEST_WORKERS=0 for one process): each module whole on one,
+# the real node's tests all on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: deps bins checkov azurite chromium image node-debs lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Only the real node's tests, and the chart's pods on it.
 test-real: deps bins image node-debs
