@@ -1,7 +1,8 @@
 """What issue 39 costs when nothing fails: small writes (begin, the PUT, commit) and strong
-counter adds through this tree's client (retries, timeouts, operation ids) and through the
-client of another tree (``--against DIR``: ``DIR/src``, e.g. the client before issue 39,
-``git archive 65c0fef src | tar -x -C DIR``), against the same service, same run.
+counter adds through this tree's client (retries, timeouts, operation ids), the same
+without operation ids, and through the client of another tree (``--against DIR``:
+``DIR/src``, e.g. the client before issue 39, ``git archive 65c0fef src | tar -x -C
+DIR``), against the same service, same run.
 
 The service is bench/directories.py's (the real app on 127.0.0.1, the embedded store, one
 Location on versitygw). Each client runs in a process of its own, rounds alternate, and
@@ -34,6 +35,8 @@ from o41 import artifacts
 from o41.core.places import Place
 endpoint, token, writes, adds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 client = artifacts.Client(endpoint, token, Place("aws", "us-east-1", "env"), 30)
+if sys.argv[5:] == ["no-ids"]:  # this tree's retries without operation ids
+    client.connection.operation_ids = False
 data = b"x" * 1024
 client.write("ml", "warm", data)
 times = {"write": [], "counter.add": []}
@@ -56,7 +59,11 @@ def p50_ms(values: list[float]) -> float:
 def work(args: argparse.Namespace, endpoint: str, s3: Any, tmp: Path) -> None:
     token = tmp / "token"
     token.write_text("token-team-a")
-    trees = {"this tree": ROOT / "src", f"--against {args.against}": Path(args.against) / "src"}
+    trees = {
+        "this tree": ROOT / "src",
+        "this tree, no ids": ROOT / "src",
+        f"--against {args.against}": Path(args.against) / "src",
+    }
     got: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
@@ -71,7 +78,7 @@ def work(args: argparse.Namespace, endpoint: str, s3: Any, tmp: Path) -> None:
             load = os.getloadavg()[0]
             done = subprocess.run(
                 [sys.executable, "-c", CLIENT, endpoint, str(token), str(args.writes),
-                 str(args.adds)],
+                 str(args.adds), *(["no-ids"] if name.endswith("no ids") else [])],
                 env=env, capture_output=True, text=True, check=True, timeout=900,
             )  # fmt: skip
             times = json.loads(done.stdout.strip().splitlines()[-1])
@@ -89,10 +96,11 @@ def work(args: argparse.Namespace, endpoint: str, s3: Any, tmp: Path) -> None:
             f"  {name:<28} "
             + "  ".join(f"{op} {statistics.median(v):6.3f} ms" for op, v in ops.items())
         )
-    ours, theirs = got["this tree"], got[f"--against {args.against}"]
-    for op in ours:
-        ratio = statistics.median(ours[op]) / statistics.median(theirs[op])
-        print(f"  {op}: this tree / the other = {ratio:.2f}")
+    theirs = got[f"--against {args.against}"]
+    for name in ("this tree", "this tree, no ids"):
+        for op, values in got[name].items():
+            ratio = statistics.median(values) / statistics.median(theirs[op])
+            print(f"  {op}: {name} / the other = {ratio:.2f}")
 
 
 def main() -> int:
