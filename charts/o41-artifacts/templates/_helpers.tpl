@@ -51,19 +51,55 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The product's image: repository@digest when image.digest is set (the tag is then
 ignored: a digest names one image), else repository:tag (default: the chart's appVersion). */}}
 {{- define "o41.image" -}}
-{{- include "o41.imageRef" (dict "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag)) }}
+{{- include "o41.imageRef" (dict "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag) "registry" ((.Values.global).imageRegistry)) }}
 {{- end }}
 
 {{/* etcd's image, the same way: repository@digest, else repository:tag. */}}
 {{- define "o41.etcdImage" -}}
-{{- include "o41.imageRef" (dict "image" .Values.etcd.image "tag" .Values.etcd.image.tag) }}
+{{- include "o41.imageRef" (dict "image" .Values.etcd.image "tag" .Values.etcd.image.tag "registry" ((.Values.global).imageRegistry)) }}
 {{- end }}
 
 {{- define "o41.imageRef" -}}
+{{- $repository := include "o41.repository" (dict "repository" .image.repository "registry" .registry) }}
 {{- if .image.digest }}
-{{- printf "%s@%s" .image.repository .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .image.repository .tag }}
+{{- printf "%s:%s" $repository .tag }}
+{{- end }}
+{{- end }}
+
+{{/* A repository moved to global.imageRegistry (a mirror) when an umbrella chart sets it:
+the repository's own registry host (its first part, when that has a dot or a port, or is
+localhost) is replaced, else the registry is put in front: ghcr.io/o41/o41-artifacts and
+o41/o41-artifacts both become <registry>/o41/o41-artifacts. */}}
+{{- define "o41.repository" -}}
+{{- if .registry }}
+{{- $parts := splitList "/" .repository }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- printf "%s/%s" (trimSuffix "/" .registry) (join "/" (rest $parts)) }}
+{{- else }}
+{{- printf "%s/%s" (trimSuffix "/" .registry) .repository }}
+{{- end }}
+{{- else }}
+{{- .repository }}
+{{- end }}
+{{- end }}
+
+{{/* The pods' imagePullSecrets: global.imagePullSecrets (names or {name: ...}) and
+imagePullSecrets, each name once. */}}
+{{- define "o41.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range (concat (((.Values.global).imagePullSecrets) | default list) (.Values.imagePullSecrets | default list)) }}
+{{- $name := . }}
+{{- if kindIs "map" . }}{{ $name = .name }}{{ end }}
+{{- if not (has $name $names) }}{{ $names = append $names $name }}{{ end }}
+{{- end }}
+{{- if $names }}
+imagePullSecrets:
+{{- range $names }}
+  - name: {{ . }}
+{{- end }}
 {{- end }}
 {{- end }}
 
