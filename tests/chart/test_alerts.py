@@ -180,7 +180,7 @@ def test_every_rule_reads_only_this_releases_series() -> None:
             assert reads, rule["alert"]
             for metric, matchers in reads:
                 assert 'namespace="o41-system"' in matchers, (rule["alert"], metric)
-                assert re.search(r'job=~?"o41-o41-artifacts-', matchers), (rule["alert"], metric)
+                assert re.search(r'job=~?"o41-artifacts-', matchers), (rule["alert"], metric)
             # every metric name of the expression is one of those selectors (no bare read)
             names = set(re.findall(r"\b((?:o41|etcd|up)[a-z0-9_:]*)\b(?=\{|\[)", rule["expr"]))
             assert names <= {m for m, _ in reads}, rule["alert"]

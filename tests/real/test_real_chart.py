@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.real, pytest.mark.kube]
 
 # the names examples/job.yaml expects: release "o41" in o41-system
 RELEASE, NAMESPACE = "o41", "o41-system"
-FULLNAME = f"{RELEASE}-o41-artifacts"
+FULLNAME = "o41-artifacts"  # release o41: the chart does not repeat it (o41.fullname)
 EXAMPLES = REPO / "examples"
 
 

@@ -3,7 +3,10 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Prefix of every object's name: <release>-o41-artifacts, or its override. */}}
+{{/* Prefix of every object's name: fullnameOverride; else the release's name when it
+contains the chart's (helm create's rule: release o41-artifacts gives o41-artifacts), the
+chart's name when it starts with the release's (release o41 gives o41-artifacts, not
+o41-artifacts), else <release>-o41-artifacts. */}}
 {{- define "o41.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
@@ -11,6 +14,8 @@
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else if hasPrefix (printf "%s-" .Release.Name) $name }}
+{{- $name | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -170,24 +175,39 @@ named. */}}
 {{- toJson $names }}
 {{- end }}
 
-{{/* The container securityContext of every container the chart runs. */}}
+{{/* The container securityContext of every container the chart runs (containerSecurityContext). */}}
 {{- define "o41.containerSecurityContext" -}}
-runAsNonRoot: true
-readOnlyRootFilesystem: true
-allowPrivilegeEscalation: false
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.containerSecurityContext }}
 {{- end }}
 
+{{/* The pods' securityContext (podSecurityContext): its runAsUser, runAsGroup and fsGroup
+can be unset (null) where the platform assigns them, as OpenShift's restricted SCC does. */}}
 {{- define "o41.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-fsGroup: 10001
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{/* A component's ServiceAccount: serviceAccounts.<component>.name, else the component's
+name. Pass (dict "ctx" $ "component" "operator"). */}}
+{{- define "o41.serviceAccountName" -}}
+{{- $sa := index .ctx.Values.serviceAccounts .component }}
+{{- default (include (printf "o41.%s" .component) .ctx) $sa.name }}
+{{- end }}
+
+{{/* A component's topologySpreadConstraints, each given the component's pods as its
+labelSelector when it names none. Pass (dict "ctx" $ "component" "etcd" "constraints" list). */}}
+{{- define "o41.spread" -}}
+{{- $out := list }}
+{{- range .constraints }}
+{{- $c := deepCopy . }}
+{{- if not $c.labelSelector }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "o41.selectorLabels" (dict "ctx" $.ctx "component" $.component) | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- if $out }}
+topologySpreadConstraints:
+  {{- toYaml $out | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* Where both servers may fetch TrustDomains' keys from, and this cluster's own issuer. */}}
