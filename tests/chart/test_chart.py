@@ -111,6 +111,18 @@ def test_helm_lint_strict_passes() -> None:
             "etcd.tls.certManager.issuerRef.name=corp-ca",
             "etcd.tls.certManager.issuerRef.kind=ClusterIssuer",
         ),
+        ("certificates.generator=job",),
+        (
+            "podSecurityContext.runAsUser=null",
+            "podSecurityContext.fsGroup=null",
+            "etcd.topologySpreadConstraints[0].maxSkew=1",
+            "etcd.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+            "etcd.topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+            "serviceAccounts.operator.create=false",
+            "serviceAccounts.operator.name=mine",
+            "global.imageRegistry=mirror.corp",
+            "global.imagePullSecrets[0]=corp",
+        ),
     ],
     ids=[
         "defaults",
@@ -121,6 +133,8 @@ def test_helm_lint_strict_passes() -> None:
         "etcd-tls",
         "etcd-cert-manager",
         "etcd-cert-manager-issuer",
+        "certificates-job",
+        "production-knobs",
     ],
 )
 def test_lint_and_rendered_objects_match_the_kubernetes_1_37_schemas(
