@@ -111,7 +111,7 @@ def test_helm_lint_strict_passes() -> None:
             "etcd.tls.certManager.issuerRef.name=corp-ca",
             "etcd.tls.certManager.issuerRef.kind=ClusterIssuer",
         ),
-        ("certificates.generator=job",),
+        ("certificates.generator=job", "crds.enabled=true"),
         (
             "podSecurityContext.runAsUser=null",
             "podSecurityContext.fsGroup=null",
@@ -133,7 +133,7 @@ def test_helm_lint_strict_passes() -> None:
         "etcd-tls",
         "etcd-cert-manager",
         "etcd-cert-manager-issuer",
-        "certificates-job",
+        "certificates-job-crds",
         "production-knobs",
     ],
 )
