@@ -19,7 +19,10 @@ CHARTS = (CHART, CHART.parent / "o41-remote")
 
 
 def project_version() -> str:
-    (version,) = re.findall(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    found: list[str] = re.findall(
+        r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M
+    )
+    (version,) = found
     return version
 
 
