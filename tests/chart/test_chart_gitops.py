@@ -89,6 +89,41 @@ def test_placement_tls_without_an_issuer_is_refused_in_job_mode() -> None:
     assert "placement.tls.certManager.issuerRef" in done.stderr
 
 
+def test_the_jobs_certificates_are_what_etcd_and_the_webhook_check() -> None:
+    """The set the Job makes from the chart's plan, without a cluster: etcd's serving
+    certificate and the service's client one chain to the clients' CA, the peer certificate
+    to a CA of its own with the common name etcd allows on its peer port, the names etcd
+    and the API server check, server and client use both."""
+    docs = docs_of(template("o41", "o41-system", *GITOPS))
+    (container,) = find(docs, "Job", "")["spec"]["template"]["spec"]["containers"]
+    plan = certificates.Plan.parse(container["args"][-1])
+    made = certificates.etcd_set(plan) | certificates.webhook_set(plan)
+    pair = {name: (cert(d["ca.crt"]), cert(d["tls.crt"])) for name, d in made.items()}
+    s, p, c = (pair[plan.etcd_secrets[r]] for r in ("server", "peer", "client"))
+    s[1].verify_directly_issued_by(s[0])
+    c[1].verify_directly_issued_by(c[0])
+    p[1].verify_directly_issued_by(p[0])
+    assert s[0] == c[0] and p[0] != s[0]  # two CAs: no client certificate is a peer's
+    cn = x509.NameOID.COMMON_NAME
+    assert p[1].subject.get_attributes_for_oid(cn)[0].value == plan.etcd_peer_cn
+    assert c[1].subject.get_attributes_for_oid(cn)[0].value == "o41-artifacts-placement"
+    names = s[1].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "o41-artifacts-etcd-0.o41-artifacts-etcd.o41-system.svc" in names.get_values_for_type(
+        x509.DNSName
+    )
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    for _, leaf in pair.values():
+        usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        assert set(usage) == {
+            x509.ExtendedKeyUsageOID.SERVER_AUTH,
+            x509.ExtendedKeyUsageOID.CLIENT_AUTH,
+        }
+    hook = pair[plan.webhook_secret]
+    hook[1].verify_directly_issued_by(hook[0])
+    assert hook[0].extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
 # --- on the test bed ------------------------------------------------------------------------
 
 
