@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from o41.kube import certificates
 from test_chart import CHART, Doc, find, run_helm
@@ -104,7 +105,7 @@ def test_the_jobs_certificates_are_what_etcd_and_the_webhook_check() -> None:
     c[1].verify_directly_issued_by(c[0])
     p[1].verify_directly_issued_by(p[0])
     assert s[0] == c[0] and p[0] != s[0]  # two CAs: no client certificate is a peer's
-    cn = x509.NameOID.COMMON_NAME
+    cn = NameOID.COMMON_NAME
     assert p[1].subject.get_attributes_for_oid(cn)[0].value == plan.etcd_peer_cn
     assert c[1].subject.get_attributes_for_oid(cn)[0].value == "o41-artifacts-placement"
     names = s[1].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -116,8 +117,8 @@ def test_the_jobs_certificates_are_what_etcd_and_the_webhook_check() -> None:
     for _, leaf in pair.values():
         usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         assert set(usage) == {
-            x509.ExtendedKeyUsageOID.SERVER_AUTH,
-            x509.ExtendedKeyUsageOID.CLIENT_AUTH,
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            ExtendedKeyUsageOID.CLIENT_AUTH,
         }
     hook = pair[plan.webhook_secret]
     hook[1].verify_directly_issued_by(hook[0])
