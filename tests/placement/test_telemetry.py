@@ -235,7 +235,9 @@ def test_the_operator_names_its_version_too() -> None:
     """The operator's /metrics carries ``o41_build_info{version}`` as the service's does."""
     from o41 import __version__
 
-    text = operator_telemetry.generate_latest(operator_telemetry.REGISTRY).decode()
+    from prometheus_client import generate_latest
+
+    text = generate_latest(operator_telemetry.REGISTRY).decode()
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "o41_build_info"]
     assert [(s.name, s.labels, s.value) for s in family.samples] == [
         ("o41_build_info", {"version": __version__}, 1.0)
