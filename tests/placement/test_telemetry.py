@@ -233,9 +233,9 @@ async def test_build_info_names_the_running_version(aiohttp_client: Any) -> None
 
 def test_the_operator_names_its_version_too() -> None:
     """The operator's /metrics carries ``o41_build_info{version}`` as the service's does."""
-    from o41 import __version__
-
     from prometheus_client import generate_latest
+
+    from o41 import __version__
 
     text = generate_latest(operator_telemetry.REGISTRY).decode()
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "o41_build_info"]
