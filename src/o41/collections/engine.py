@@ -72,6 +72,7 @@ from o41.collections.once import (
     load,
     operation_key,
 )
+from o41.collections.owners import OwnedStore
 from o41.collections.replica import Buffered, Changes, CounterPending, Replica
 from o41.state.base import (
     Compare,
@@ -119,8 +120,14 @@ class Engine:
         max_wait: float = 25.0,
         arrival_ttl: int = 15,
         idle: float = 120.0,
+        owners: bool = True,
+        owner_ttl: int = 5,
     ) -> None:
-        self.store = store
+        # every write to a dict's, set's or registry's entries carries the owner guard
+        # (o41.collections.owners); ``owners``: this replica may own some (and answer
+        # their strong reads from memory)
+        self.owned = OwnedStore(store, campaign=owners, ttl=owner_ttl)
+        self.store: Store = self.owned
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self.max_wait = max_wait
@@ -306,7 +313,9 @@ class Engine:
         if consistency_arg(args) == "eventual":
             value = await self._replica(prefix + b"e/").lookup(key)
         else:
-            kv = await self._gets.submit(key)
+            served, kv = await self.owned.read(prefix + b"e/", key)
+            if not served:
+                kv = await self._gets.submit(key)
             value = None if kv is None else kv.value
         return {"found": value is not None, "value": value}
 
@@ -889,6 +898,7 @@ class Engine:
         await self.locks.drain(5.0)  # early lock releases still under way
         self._closed = True
         self.locks.close()
+        await self.owned.stop()  # its lease revoked: no replica waits for it
         for replica in self._replicas.values():
             if replica.task is not None:
                 replica.task.cancel()
