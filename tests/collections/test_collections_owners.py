@@ -287,18 +287,20 @@ async def partitioned(
 ) -> tuple[list[Operation], list[float], float, Engine, Engine]:
     """A owns the dict, is cut from the store mid-run (its lease expires while its reads,
     writes and keep-alives stall) and, with ``heal``, comes back; B writes all along.
-    Answers: the history, when A answered from memory, when its owner key went."""
+    Answers: the history, when A answered from memory as the owner elected first (once
+    healed, it may be elected again, with a copy read anew), when that owner key went."""
     ttl = 2
     ea, eb, cut_a, _ = engines(stores[0], stores[1], ttl=ttl, clock=clock)
     name = f"cut-{uuid.uuid4().hex[:6]}"
     entries = collection_prefix(NS, COMPUTE, "dict", name) + b"e/"
     await owns(ea, name)
-    served_at: list[float] = []
-    read = ea.owned.read
+    served_at: list[float] = []  # when A answered from the copy of its first election
+    read, epoch = ea.owned.read, ea.owned.owned[entries].epoch
 
     async def spy(entries_: bytes, key: bytes) -> tuple[bool, KeyValue | None]:
         served, kv = await read(entries_, key)
-        if served:
+        copy = ea.owned.owned.get(entries_)
+        if served and copy is not None and copy.epoch == epoch:
             served_at.append(time.monotonic())
         return served, kv
 
@@ -428,6 +430,59 @@ async def test_a_read_waits_for_the_owners_writes_in_flight(stores: tuple[Store,
         await writing
         assert (await reading)["value"] == "new"
         assert ea.owned.stats.served > 0
+    finally:
+        await ea.close()
+        await eb.close()
+
+
+WRITES = [
+    ("dict", "set", {"value": b"v"}),
+    ("dict", "setdefault", {"value": b"v"}),
+    ("dict", "delete", {}),
+    ("dict", "pop", {}),
+    ("dict", "clear", {}),
+    ("set", "add", {}),
+    ("set", "remove", {}),
+    ("registry", "register", {"value": b"v"}),
+    ("registry", "unregister", {}),
+]
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["plain", "with-id"])
+@pytest.mark.parametrize(("kind", "op", "extra"), WRITES, ids=[f"{k}-{o}" for k, o, _ in WRITES])
+async def test_every_write_path_carries_the_guard(
+    kind: str, op: str, extra: dict[str, Any], once: bool
+) -> None:
+    """Whatever the write (with an operation id or not, strong or eventual), through a
+    replica that does not own the collection it makes the owner step aside first."""
+    store = MemoryStore()
+    ea, eb, _, _ = engines(store, store)
+    try:
+        for consistency in ("strong", "eventual"):
+            name = f"{kind}-{op}-{consistency}"
+            key = encode_key("k")
+            entries = collection_prefix(NS, COMPUTE, kind, name) + b"e/"
+            read = "lookup" if kind == "registry" else "contains"
+            seed = {"dict": "set", "set": "add", "registry": "register"}[kind]
+            value = {} if kind == "set" else {"value": b"x"}
+            await eb.call(NS, COMPUTE, kind, name, seed, {"key": key, **value})  # there to take
+            deadline = time.monotonic() + 5
+            while eb.owned.serving(entries) is None:
+                assert time.monotonic() < deadline
+                await eb.call(NS, COMPUTE, kind, name, read, {"key": key})
+                await asyncio.sleep(0.01)
+            args: dict[str, Any] = {"key": key, "consistency": consistency, **extra}
+            if kind == "set" and op == "add":
+                args.pop("consistency")
+            if once:
+                args["operation"] = uuid.uuid4().hex
+            if consistency == "eventual" and op in ("setdefault", "pop", "delete", "remove"):
+                continue  # these read the eventual copy: the same writes as set, below
+            resigned = eb.owned.stats.resigned
+            await ea.call(NS, COMPUTE, kind, name, op, args)
+            await ea.flush()
+            assert eb.owned.stats.resigned == resigned + 1, (kind, op, consistency)
+            assert eb.owned.serving(entries) is None
     finally:
         await ea.close()
         await eb.close()

@@ -135,7 +135,7 @@ class Engine:
         self.idle = idle
         self.buffer: Buffer[Replica] = Buffer(max_buffer, max_batch, self._wake_flusher)
         self.stats = Stats()
-        self.memory = Memory(store)  # where operations with ids keep their first answers
+        self.memory = Memory(self.store)  # where operations with ids keep their first answers
         self.recent = Recent()  # eventual operations' first answers on this replica
         self._puts: Combiner[tuple[bytes, bytes, bytes | None], dict[str, Any]] = Combiner(
             self._put_batch, MAX_TXN_OPS, parallel=4, weight=_put_weight
@@ -143,7 +143,7 @@ class Engine:
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
-        self.locks = Locks(store, max_wait, self.memory)
+        self.locks = Locks(self.store, max_wait, self.memory)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}

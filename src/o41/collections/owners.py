@@ -299,7 +299,10 @@ class OwnedStore:
                         self.stats.lost += 1
                 elif kv is not None:
                     failed = True
-                    if kv.value == self.me and entries in self._campaigns:
+                    now = self.owned.get(entries)
+                    if now is not None and now.epoch == kv.create_revision:
+                        pass  # won meanwhile: sent again as the owner's
+                    elif kv.value == self.me and entries in self._campaigns:
                         await asyncio.sleep(0.001)  # its campaign's answer: then an owner's
                     elif kv.value == self.me:  # a copy this replica gave up: the key goes
                         await self._release(entries, kv.create_revision)
