@@ -77,6 +77,8 @@ MARGIN = 1.0  # seconds: an owner stops serving this long before its lease could
 DRIFT = 0.01  # how much slower than etcd's leader an owner's clock may run
 COOLDOWN = 30.0  # seconds without owning a collection after it was wanted elsewhere
 MAX_ENTRIES = 10_000  # a collection with more entries is not owned (memory, snapshot)
+MAX_OWNED = 1000  # collections one replica owns at most
+IDLE = 120.0  # seconds: a collection nobody read strongly through its owner is given up
 
 
 def entries_of(key: bytes) -> bytes | None:
@@ -106,6 +108,7 @@ class Owned:
     data: dict[bytes, KeyValue]
     gone: dict[bytes, int] = field(default_factory=dict)  # deleted key -> revision
     cleared: int = 0  # the revision of the last delete of every entry
+    used: float = 0.0  # when it last answered a read (the owner's clock)
 
     def put(self, key: bytes, value: bytes, revision: int) -> None:
         old = self.data.get(key)
@@ -200,6 +203,7 @@ class OwnedStore:
         if self.owned.get(entries) is not owned or self.serving(entries) is None:
             return False, None  # no await between this check and the answer
         self.stats.served += 1
+        owned.used = self.clock()
         return True, owned.data.get(key)
 
     # the store's interface, the guard added to writes of owned kinds
@@ -354,6 +358,7 @@ class OwnedStore:
             not self.campaign
             or self._closed
             or entries in self._campaigns
+            or len(self.owned) >= MAX_OWNED
             or self._cool.get(entries, 0.0) > self.clock()
         ):
             return
@@ -387,7 +392,9 @@ class OwnedStore:
             self._cool[entries] = self.clock() + 10 * self.cooldown
             await self._release(entries, result.revision)
             return
-        self.owned[entries] = Owned(result.revision, {kv.key: kv for kv in snapshot})
+        self.owned[entries] = Owned(
+            result.revision, {kv.key: kv for kv in snapshot}, used=self.clock()
+        )
         self.stats.won += 1
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch(result.revision + 1))
@@ -409,6 +416,7 @@ class OwnedStore:
         """One keep-alive every ``ttl/4`` for every collection this replica owns."""
         while not self._closed:
             await asyncio.sleep(self.ttl / 4)
+            self._sweep()
             lease = self.lease
             if not lease:
                 continue
@@ -425,6 +433,15 @@ class OwnedStore:
                 self._lose_all()
             else:
                 self.safe_until = max(self.safe_until, sent + ttl * (1 - self.drift) - self.margin)
+
+    def _sweep(self) -> None:
+        """Give up what nobody read lately; forget cooldowns that ended."""
+        now = self.clock()
+        for entries, owned in list(self.owned.items()):
+            if now - owned.used > IDLE:
+                self._give_up(entries, owned, doubt=False)
+        for entries in [e for e, until in self._cool.items() if until <= now]:
+            del self._cool[entries]
 
     def _lose_all(self) -> None:
         self.stats.lost += len(self.owned)
