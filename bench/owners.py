@@ -5,7 +5,8 @@
   ``git archive <commit> src | tar -x -C /tmp/o41-main``), no owners, no guard;
 - ``guarded``: this tree with ``O41_COLLECTIONS_OWNERS=0`` (every write carries the owner
   guard, nobody owns: what a replica pays that never owns);
-- ``owners``: this tree as shipped (the replica owns the dicts it reads).
+- ``owners``: this tree with ``O41_COLLECTIONS_OWNERS=1`` (the replica owns the dicts
+  it reads).
 
 For each, p50/p99 and throughput of strong get and set, eventual get, counter add and a
 lock's acquire+release, 1 and ``--workers`` workers (the o41.sky client over its
@@ -70,7 +71,9 @@ def main() -> int:
             "guarded": CollectionsProcess(
                 cluster.endpoints, Path(tmp) / "guarded.log", env={"O41_COLLECTIONS_OWNERS": "0"}
             ),
-            "owners": CollectionsProcess(cluster.endpoints, Path(tmp) / "owners.log"),
+            "owners": CollectionsProcess(
+                cluster.endpoints, Path(tmp) / "owners.log", env={"O41_COLLECTIONS_OWNERS": "1"}
+            ),
         }
         raw: RawEtcd | None = None
         try:

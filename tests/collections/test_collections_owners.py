@@ -486,3 +486,22 @@ async def test_every_write_path_carries_the_guard(
     finally:
         await ea.close()
         await eb.close()
+
+
+async def test_an_owner_gives_up_what_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from o41.collections import owners
+
+    monkeypatch.setattr(owners, "IDLE", 0.2)
+    store = MemoryStore()
+    ea, eb, _, _ = engines(store, store)
+    try:
+        name = "idle"
+        entries = collection_prefix(NS, COMPUTE, "dict", name) + b"e/"
+        await owns(ea, name)
+        assert await store.get(owner_key(entries)) is not None
+        await asyncio.sleep(1.5)  # a keep-alive's turn (every TTL/4 = 0.5 s) finds it idle
+        assert ea.owned.owned == {}
+        assert await store.get(owner_key(entries)) is None  # others need not ask
+    finally:
+        await ea.close()
+        await eb.close()

@@ -25,7 +25,10 @@ class Options:
     max_batch: int = 100
     max_buffer: int = 10_000
     max_wait: float = 25.0
-    owners: bool = True  # a replica may own collections and answer their strong reads
+    # a replica may own collections and answer their strong reads (off unless
+    # O41_COLLECTIONS_OWNERS=1: a replica from before the owners writes without their
+    # guard, so they are turned on once every replica runs a version that writes it)
+    owners: bool = False
     owner_ttl: int = 5  # seconds: an owner's lease (a dead owner holds others' writes)
     limits: Limits = field(default_factory=Limits)
 
@@ -38,7 +41,7 @@ class Options:
             max_batch=int(env.get("O41_COLLECTIONS_MAX_BATCH", cls.max_batch)),
             max_buffer=int(env.get("O41_COLLECTIONS_MAX_BUFFER", cls.max_buffer)),
             max_wait=float(env.get("O41_COLLECTIONS_MAX_WAIT", cls.max_wait)),
-            owners=env.get("O41_COLLECTIONS_OWNERS", "1") != "0",
+            owners=env.get("O41_COLLECTIONS_OWNERS", "0") == "1",
             owner_ttl=int(env.get("O41_COLLECTIONS_OWNER_TTL", cls.owner_ttl)),
             limits=Limits.from_environment(env, limits),
         )
