@@ -247,22 +247,32 @@ class OwnedStore:
             return await self.store.txn(compare, success, failure)
         if any(not isinstance(op, Get) for op in failure):
             raise ValueError("a write to owned entries reads only when its guards fail")
+        return await self._guarded(list(compare), success, list(failure), touched)
+
+    def _track(self, owned: list[bytes]) -> asyncio.Future[None] | None:
+        """A write guarded on this replica's epoch is in flight: reads of those entries
+        wait for its answer (a write guarded on no owner committed before this replica's
+        copy was read, or fails: it needs no waiting for)."""
+        if not owned:
+            return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for entries in touched:
+        for entries in owned:
             self.inflight.setdefault(entries, set()).add(done)
-        try:
-            return await self._guarded(list(compare), success, list(failure), touched)
-        finally:
-            done.set_result(None)
-            for entries in touched:
-                pending = self.inflight.get(entries)
-                if pending is not None:
-                    pending.discard(done)
-                    if not pending:
-                        del self.inflight[entries]
-                        owned = self.owned.get(entries)
-                        if owned is not None:
-                            owned.settle()
+        return done
+
+    def _untrack(self, done: asyncio.Future[None] | None, owned: list[bytes]) -> None:
+        if done is None:
+            return
+        done.set_result(None)
+        for entries in owned:
+            pending = self.inflight.get(entries)
+            if pending is not None:
+                pending.discard(done)
+                if not pending:
+                    del self.inflight[entries]
+                    copy = self.owned.get(entries)
+                    if copy is not None:
+                        copy.settle()
 
     async def _guarded(
         self, compare: list[Compare], success: Sequence[Op], failure: list[Op], touched: list[bytes]
@@ -276,12 +286,17 @@ class OwnedStore:
                 else Compare(owner_key(e), "version", "==", 0)
                 for e, o in mine.items()
             ]
+            ours = [e for e, o in mine.items() if o is not None]
+            done = self._track(ours)  # before the transaction leaves
             try:
                 result = await self.store.txn(
                     [*compare, *guards],
                     success,
                     [*failure, *(Get(owner_key(e)) for e in touched)],
                 )
+                if result.succeeded:
+                    self._apply(mine, success, result.revision)
+                    return result
             except LeaseNotFound:
                 raise  # refused before anything was applied
             except BaseException:
@@ -289,9 +304,8 @@ class OwnedStore:
                     if owned is not None:
                         self._give_up(entries, owned, doubt=True)
                 raise
-            if result.succeeded:
-                self._apply(mine, success, result.revision)
-                return result
+            finally:
+                self._untrack(done, ours)  # applied (or given up) before reads go on
             found = result.results[len(failure) :]
             failed = False
             for (entries, owned), kvs in zip(mine.items(), found, strict=True):
