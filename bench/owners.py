@@ -3,10 +3,10 @@
 
 - ``before``: the service of another source tree (``--before``, e.g. an export of main:
   ``git archive <commit> src | tar -x -C /tmp/o41-main``), no owners, no guard;
-- ``guarded``: this tree with ``O41_COLLECTIONS_OWNERS=0`` (every write carries the owner
-  guard, nobody owns: what a replica pays that never owns);
-- ``owners``: this tree with ``O41_COLLECTIONS_OWNERS=1`` (the replica owns the dicts
-  it reads).
+- ``guarded``: this tree with ``O41_COLLECTIONS_OWNERS=guard`` (every write carries the
+  owner guard, nobody owns: what the guard costs);
+- ``owners``: this tree with ``O41_COLLECTIONS_OWNERS=on`` (the replica owns the dicts
+  it reads). (``off``, the default, is ``before``'s code path.)
 
 For each, p50/p99 and throughput of strong get and set, eventual get, counter add and a
 lock's acquire+release, 1 and ``--workers`` workers (the o41.sky client over its
@@ -69,10 +69,12 @@ def main() -> int:
                 cluster.endpoints, Path(tmp) / "before.log", env={"PYTHONPATH": args.before}
             ),
             "guarded": CollectionsProcess(
-                cluster.endpoints, Path(tmp) / "guarded.log", env={"O41_COLLECTIONS_OWNERS": "0"}
+                cluster.endpoints,
+                Path(tmp) / "guarded.log",
+                env={"O41_COLLECTIONS_OWNERS": "guard"},
             ),
             "owners": CollectionsProcess(
-                cluster.endpoints, Path(tmp) / "owners.log", env={"O41_COLLECTIONS_OWNERS": "1"}
+                cluster.endpoints, Path(tmp) / "owners.log", env={"O41_COLLECTIONS_OWNERS": "on"}
             ),
         }
         raw: RawEtcd | None = None

@@ -42,7 +42,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from o41.collections import values
 from o41.collections.buffer import Buffer
@@ -120,14 +120,14 @@ class Engine:
         max_wait: float = 25.0,
         arrival_ttl: int = 15,
         idle: float = 120.0,
-        owners: bool = True,
+        owners: Literal["off", "guard", "on"] = "on",
         owner_ttl: int = 5,
     ) -> None:
-        # every write to a dict's, set's or registry's entries carries the owner guard
-        # (o41.collections.owners); ``owners``: this replica may own some (and answer
-        # their strong reads from memory)
-        self.owned = OwnedStore(store, campaign=owners, ttl=owner_ttl)
-        self.store: Store = self.owned
+        # o41.collections.owners. "guard": every write to a dict's, set's or registry's
+        # entries carries the owner guard; "on": and this replica may own some (answering
+        # their strong reads from memory); "off": neither (no replica may be "on" then)
+        self.owned = OwnedStore(store, campaign=owners == "on", ttl=owner_ttl)
+        self.store: Store = store if owners == "off" else self.owned
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self.max_wait = max_wait
