@@ -505,3 +505,21 @@ async def test_an_owner_gives_up_what_nobody_reads(monkeypatch: pytest.MonkeyPat
     finally:
         await ea.close()
         await eb.close()
+
+
+def test_the_owners_setting_is_off_guard_or_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from o41.webhook.collections.service import Options
+
+    monkeypatch.delenv("O41_COLLECTIONS_OWNERS", raising=False)
+    assert Options.from_environment().owners == "off"  # the default: no guard, no owners
+    for value in ("off", "guard", "on"):
+        monkeypatch.setenv("O41_COLLECTIONS_OWNERS", value)
+        assert Options.from_environment().owners == value
+    monkeypatch.setenv("O41_COLLECTIONS_OWNERS", "1")
+    with pytest.raises(ValueError, match="off, guard or on"):
+        Options.from_environment()
+    store = MemoryStore()
+    assert Engine(store, owners="off").store is store  # no guard: the writes of before
+    guarded = Engine(store, owners="guard")
+    assert guarded.store is guarded.owned
+    assert not guarded.owned.campaign
