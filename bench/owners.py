@@ -57,7 +57,15 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--services", default="before,guarded,owners", help="which of them, comma-separated"
+    )
+    parser.add_argument(
+        "--rows", default="", help="only these operations, comma-separated (strong get,...)"
+    )
     args = parser.parse_args()
+    chosen = args.services.split(",")
+    only = [r for r in args.rows.split(",") if r]
     per_round = args.ops // args.rounds
     print(f"load average at the start: {os.getloadavg()}")
 
@@ -79,6 +87,7 @@ def main() -> int:
         }
         raw: RawEtcd | None = None
         try:
+            services = {label: s for label, s in services.items() if label in chosen}
             for s in services.values():
                 s.start()
             raw = RawEtcd(cluster.endpoints[cluster.leader()], None)
@@ -102,6 +111,8 @@ def main() -> int:
                         ("lock acquire+release", lock_cycle(f"bench-lock-{n}")),
                     ]
                     for what, op in ops:
+                        if only and what not in only:
+                            continue
                         rows.append((label, what, n, svc.measure(what, n, op), pid))
             # warm: the service reads each dict once (the owner is elected), every client connects
             for _, _, _, measure, _ in rows:
