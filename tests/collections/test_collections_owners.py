@@ -523,3 +523,38 @@ def test_the_owners_setting_is_off_guard_or_on(monkeypatch: pytest.MonkeyPatch) 
     guarded = Engine(store, owners="guard")
     assert guarded.store is guarded.owned
     assert not guarded.owned.campaign
+
+
+@pytest.mark.etcd
+async def test_an_owner_answers_through_an_etcd_election(etcd_cluster: EtcdCluster) -> None:
+    """etcd's leader killed: the owner's lease lives on (a new leader renews every lease),
+    nothing can be written meanwhile, and the owner goes on answering strong reads from
+    its copy, within its safe time, without waiting for the election."""
+    stores = [EtcdStore(etcd_cluster.endpoints, timeout=5) for _ in range(2)]
+    ea, eb = Engine(stores[0], owner_ttl=5), Engine(stores[1], owner_ttl=5)
+    try:
+        name = "election"
+        await call(ea, name, "set", "x", "before")
+        await owns(ea, name)
+        await asyncio.to_thread(etcd_cluster.kill, etcd_cluster.leader())
+        served = ea.owned.stats.served
+        slowest = 0.0
+        for _ in range(50):  # right after the kill, while etcd elects a leader
+            started = time.monotonic()
+            assert (await call(ea, name, "get", "x"))["value"] == "before"
+            slowest = max(slowest, time.monotonic() - started)
+        assert ea.owned.stats.served - served == 50
+        assert slowest < 0.5  # no read waited for the election (a call to the dead leader: 1 s)
+
+        def route(f: str, rng: random.Random) -> Engine | None:
+            return rng.choice((ea, ea, eb)) if f in ("get", "contains") else ea
+
+        ops = await history([ea, eb], name, 4.0, op_timeout=6.0, route=route)
+        ops.insert(0, Operation("x", "set", "before", None, -2.0, -1.0, -1))
+        assert check_dict(ops) == []
+        assert any(o.f == "set" and not o.unknown for o in ops[1:])  # writes went on
+    finally:
+        await ea.close()
+        await eb.close()
+        for store in stores:
+            await store.close()
