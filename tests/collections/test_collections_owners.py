@@ -558,3 +558,34 @@ async def test_an_owner_answers_through_an_etcd_election(etcd_cluster: EtcdClust
         await eb.close()
         for store in stores:
             await store.close()
+
+
+async def test_an_owner_keeps_no_copy_larger_than_its_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from o41.collections import owners
+
+    monkeypatch.setattr(owners, "MAX_COPY_BYTES", 10_000)
+    store = MemoryStore()
+    ea, eb, _, _ = engines(store, store)
+    try:
+        await call(ea, "small", "set", "k", "v")
+        await owns(ea, "small")
+        small = collection_prefix(NS, COMPUTE, "dict", "small") + b"e/"
+        assert 0 < ea.owned.owned[small].size < 100
+        for i in range(3):  # grows past the bound through its owner: given up
+            await call(ea, "small", "set", f"big{i}", "x" * 4000)
+        assert ea.owned.serving(small) is None
+        assert (await call(ea, "small", "get", "big2"))["value"] == "x" * 4000  # from etcd
+        for i in range(3):  # too big to be owned at all
+            await call(ea, "large", "set", f"big{i}", "x" * 4000)
+        for _ in range(20):
+            await call(ea, "large", "get", "big0")
+            await asyncio.sleep(0.01)
+        large = collection_prefix(NS, COMPUTE, "dict", "large") + b"e/"
+        assert ea.owned.serving(large) is None
+        assert ea.owned.stats.campaigns >= 2
+        assert await store.get(owner_key(large)) is None  # released at once
+    finally:
+        await ea.close()
+        await eb.close()

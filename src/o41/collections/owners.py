@@ -78,6 +78,8 @@ DRIFT = 0.01  # how much slower than etcd's leader an owner's clock may run
 COOLDOWN = 30.0  # seconds without owning a collection after it was wanted elsewhere
 MAX_ENTRIES = 10_000  # a collection with more entries is not owned (memory, snapshot)
 MAX_OWNED = 1000  # collections one replica owns at most
+MAX_COPY_BYTES = 16 * 1024 * 1024  # a copy's values at most (beyond: given up, not owned)
+MAX_BYTES = 256 * 1024 * 1024  # every copy of one replica together, at most
 IDLE = 120.0  # seconds: a collection nobody read strongly through its owner is given up
 
 
@@ -109,6 +111,7 @@ class Owned:
     gone: dict[bytes, int] = field(default_factory=dict)  # deleted key -> revision
     cleared: int = 0  # the revision of the last delete of every entry
     used: float = 0.0  # when it last answered a read (the owner's clock)
+    size: int = 0  # bytes of keys and values held
 
     def put(self, key: bytes, value: bytes, revision: int) -> None:
         old = self.data.get(key)
@@ -117,6 +120,7 @@ class Owned:
         if old is not None and old.mod_revision >= revision:
             return
         self.gone.pop(key, None)
+        self.size += len(key) + len(value) - (0 if old is None else len(key) + len(old.value))
         self.data[key] = KeyValue(key, value, revision, revision, 1)
 
     def delete(self, key: bytes, prefix: bool, revision: int) -> None:
@@ -124,12 +128,13 @@ class Owned:
             self.cleared = max(self.cleared, revision)
             for k in [k for k, kv in self.data.items() if k.startswith(key)]:
                 if self.data[k].mod_revision < revision:
-                    del self.data[k]
+                    self.size -= len(k) + len(self.data.pop(k).value)
             return
         old = self.data.get(key)
         if old is not None and old.mod_revision >= revision:
             return
-        self.data.pop(key, None)
+        if old is not None:
+            self.size -= len(key) + len(self.data.pop(key).value)
         self.gone[key] = max(revision, self.gone.get(key, 0))
 
     def settle(self) -> None:
@@ -339,11 +344,14 @@ class OwnedStore:
             if isinstance(op, Get):
                 continue
             entries = entries_of(op.key)
-            owned = mine.get(entries) if entries is not None else None
-            if owned is None or self.owned.get(entries or b"") is not owned:
+            owned = None if entries is None else mine.get(entries)
+            if entries is None or owned is None or self.owned.get(entries) is not owned:
                 continue
             if isinstance(op, Put):
                 owned.put(op.key, op.value, revision)
+                if owned.size > MAX_COPY_BYTES or len(owned.data) > MAX_ENTRIES:
+                    self._cool[entries] = self.clock() + 10 * self.cooldown
+                    self._give_up(entries, owned, doubt=False)  # too big to keep
             else:
                 owned.delete(op.key, op.prefix, revision)
 
@@ -402,12 +410,19 @@ class OwnedStore:
             self._cool[entries] = self.clock() + self.cooldown
             return
         snapshot = result.results[2]
-        if len(snapshot) > MAX_ENTRIES or self._closed:
+        size = sum(len(kv.key) + len(kv.value) for kv in snapshot)
+        held = sum(copy.size for copy in self.owned.values())
+        if (
+            len(snapshot) > MAX_ENTRIES
+            or size > MAX_COPY_BYTES
+            or held + size > MAX_BYTES
+            or self._closed
+        ):
             self._cool[entries] = self.clock() + 10 * self.cooldown
             await self._release(entries, result.revision)
             return
         self.owned[entries] = Owned(
-            result.revision, {kv.key: kv for kv in snapshot}, used=self.clock()
+            result.revision, {kv.key: kv for kv in snapshot}, used=self.clock(), size=size
         )
         self.stats.won += 1
         if self._watcher is None:
