@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: test demo dev-up dev-down deps bins azurite chromium lint typecheck unit crds clean \
-	image test-real node-clean node-debs checkov
+	image test-real node-clean node-debs checkov chart-package
 
 deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt Makefile
@@ -53,8 +53,16 @@ typecheck: deps
 
 # The whole suite, the real node's and the image's tests included (root: podman builds the
 # images, a kubelet, containerd, runc, CNI, kube-proxy and CoreDNS run the chart's own pods).
+# Two workers (pytest-xdist; TEST_WORKERS=0 for one process): each module whole on one,
+# the real node's tests all on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: deps bins checkov azurite chromium image node-debs lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder
+
+# Both charts as .tgz in dist/charts, versioned as the image (pyproject's version);
+# CHART_REGISTRY=oci://registry.example.com/charts also pushes them (docs/chart.md, "Shipping").
+chart-package: bins
+	@hack/chart-package.sh dist/charts $(if $(CHART_REGISTRY),--push $(CHART_REGISTRY))
 
 # Only the real node's tests, and the chart's pods on it.
 test-real: deps bins image node-debs

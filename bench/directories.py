@@ -171,7 +171,12 @@ def run(args: argparse.Namespace, endpoint: str, s3: Any, tmp: Path) -> None:
     )
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(
+    args: argparse.Namespace,
+    work: Callable[[argparse.Namespace, str, Any, Path], None] | None = None,
+) -> None:
+    """The service on 127.0.0.1 with one Location on versitygw, while ``work(args,
+    endpoint, s3, tmp)`` runs in a thread (default: this bench's rounds)."""
     with tempfile.TemporaryDirectory(prefix="o41-bench-dirs-") as tmpdir:
         tmp = Path(tmpdir)
         s3 = start_s3(tmp / "s3")
@@ -206,7 +211,7 @@ async def serve(args: argparse.Namespace) -> None:
             await server.start_server()
             try:
                 endpoint = str(server.make_url("")).rstrip("/")
-                await asyncio.to_thread(run, args, endpoint, s3, tmp)
+                await asyncio.to_thread(work or run, args, endpoint, s3, tmp)
             finally:
                 await server.close()
         finally:

@@ -199,7 +199,9 @@ def main() -> int:
         print(f"faults: {len(faults_done)}")
         for line in collections.Counter(f.split(",")[0] for f in faults_done).items():
             print(f"  {line[0]}: {line[1]}")
-        readies = [float(f.split("in ")[1].split(" s")[0]) for f in faults_done if "ready" in f]
+        readies = [
+            float(f.rsplit(" in ", 1)[1].split(" s")[0]) for f in faults_done if "ready" in f
+        ]
         if readies:
             print(f"  the service ready again after {min(readies):.1f}-{max(readies):.1f} s")
         print(f"{'client':<28} {'writes':>7} {'failed':>7} {'seconds':>8}  why")

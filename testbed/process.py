@@ -35,7 +35,15 @@ def _listening_ports() -> range:
         low = int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    return range(10000, low) if low > 11000 else range(61000, 65536)
+    ports = range(10000, low) if low > 11000 else range(61000, 65536)
+    # a test run split over pytest-xdist's workers: each its own share, so two workers
+    # never hand out one port (each knows only its own); servers they start inherit it
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        index = int(worker[2:]) % count
+        ports = range(ports.start + (index - ports.start) % count, ports.stop, count)
+    return ports
 
 
 def free_port() -> int:

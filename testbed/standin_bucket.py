@@ -59,6 +59,7 @@ class Storage:
     objects: dict[str, Stored] = field(default_factory=dict)
     parts: dict[tuple[str, int], bytes] = field(default_factory=dict)  # (upload id, n)
     unsignable: set[str] = field(default_factory=set)  # buckets that cannot sign
+    broken: set[str] = field(default_factory=set)  # buckets whose PUTs fail once sent (500)
     signed: list[str] = field(default_factory=list)  # what each URL was for, in order
     aborted: list[tuple[str, str]] = field(default_factory=list)  # (path, upload id)
     puts: list[str] = field(default_factory=list)  # each PUT received: "<path> <part>"
@@ -82,6 +83,9 @@ class Storage:
             data = await request.read()
             with self.lock:
                 self.puts.append(f"{path} {q.get('partNumber', '')}".strip())
+            if path.split("/")[1] in self.broken:  # the body came: the client sent it all
+                return web.Response(status=500, text="<Code>InternalError</Code>")
+            with self.lock:
                 if "uploadId" in q:
                     self.parts[(q["uploadId"], int(q["partNumber"]))] = data
                 else:

@@ -1,6 +1,12 @@
-"""Fixtures of the test bed live in tests/fixtures/, one module a part of it."""
+"""Fixtures of the test bed live in tests/fixtures/, one module a part of it; and how
+``make test`` splits the suite over pytest-xdist's workers."""
+
+from __future__ import annotations
 
 import os
+from typing import Any
+
+import pytest
 
 # Every test reads from the buckets, as before issue 39 (a test that rewrites an object
 # in a bucket and reads it again must not be served the copy of an earlier read), and
@@ -21,3 +27,27 @@ pytest_plugins = [
     "fixtures.world",
     "fixtures.node",
 ]
+
+#: Tests that share the machine's one real node (a kubelet, its bridge, iptables rules and
+#: cgroups, waited for machine-wide) or build the project's images: one worker runs them
+#: all, one after the other, and starts them first, being the longest share.
+MACHINE_WIDE = ("tests/real/", "tests/chart/test_image.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(MACHINE_WIDE))  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test`` runs the suite on two workers (``-n 2``): each test module goes
+    whole to one worker (its module-scoped fixtures, a world of Locations, start once),
+    and every machine-wide test to the same one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no types
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(MACHINE_WIDE):
+                return "the machine's real node"
+            return nodeid.split("::", 1)[0]
+
+    return ByModule(config, log)

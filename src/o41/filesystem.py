@@ -34,6 +34,7 @@ before, without filling the cache (a Parquet reader wants a few columns, not the
 
 from __future__ import annotations
 
+import functools
 import http.client
 import io
 import os
@@ -335,16 +336,17 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
             expect = {"size": entry.size, "md5": entry.md5}
             pinned = version
 
-            def locate() -> Mapping[str, Any]:
-                return {**locate_file(self.api, org, artifact, pinned, inner), "path": inner}
+            def locate(again: bool = False) -> Mapping[str, Any]:
+                found = locate_file(self.api, org, artifact, pinned, inner, again=again)
+                return {**found, "path": inner}
 
         else:
             if named.get("files") is not None:
                 return None
             expect = named
 
-            def locate() -> Mapping[str, Any]:
-                return self.api.locate(org, artifact, version)
+            def locate(again: bool = False) -> Mapping[str, Any]:
+                return self.api.locate(org, artifact, version, again=again)
 
         about = {**named, "size": expect["size"], "md5": expect["md5"], "path": inner or None}
         if not fill:
@@ -353,7 +355,14 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
                 return None
             return Got(held, int(about["size"]), True), {**about, "locality": "cached"}
         got = self.api.cached(
-            org, artifact, version, locate, path=inner, expect=expect, progress=progress
+            org,
+            artifact,
+            version,
+            locate,
+            relocate=functools.partial(locate, again=True),
+            path=inner,
+            expect=expect,
+            progress=progress,
         )
         if got is None:
             return None
@@ -365,7 +374,7 @@ class O41FileSystem(AbstractFileSystem):  # type: ignore[misc]
         assert artifact is not None
         if inner:
             return lambda: {
-                **locate_file(self.api, org, artifact, found["version"], inner),
+                **locate_file(self.api, org, artifact, found["version"], inner, again=True),
                 "path": inner,
             }
         return self.api.relocator(org, artifact, found["version"])

@@ -28,6 +28,11 @@ ALERTS = {
     "O41EtcdNoSpace",
     "O41EtcdDatabaseNearQuota",
     "O41EtcdSnapshotStale",
+    "O41OperatorDown",
+    "O41PlacementErrorsHigh",
+    "O41PlacementLatencyHigh",
+    "O41PlacementDown",
+    "O41EtcdDown",
 }
 
 
@@ -160,3 +165,62 @@ def test_schema_and_template_refuse_bad_monitoring_values(bad: str, says: str) -
     done = run_helm("template", "o41", str(CHART), "--set", bad)
     assert done.returncode != 0
     assert says in done.stderr
+
+
+def test_every_rule_reads_only_this_releases_series() -> None:
+    """Each metric an expression reads is matched on the release's namespace and one of its
+    jobs; without that scope the cluster's own etcd (job="kube-etcd") at its quota fires
+    O41EtcdNoSpace, as the promtool case below shows."""
+    import re
+
+    selector = re.compile(r"\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}")
+    for group in rule_groups():
+        for rule in group["rules"]:
+            reads = selector.findall(rule["expr"])
+            assert reads, rule["alert"]
+            for metric, matchers in reads:
+                assert 'namespace="o41-system"' in matchers, (rule["alert"], metric)
+                assert re.search(r'job=~?"o41-artifacts-', matchers), (rule["alert"], metric)
+            # every metric name of the expression is one of those selectors (no bare read)
+            names = set(re.findall(r"\b((?:o41|etcd|up)[a-z0-9_:]*)\b(?=\{|\[)", rule["expr"]))
+            assert names <= {m for m, _ in reads}, rule["alert"]
+
+
+def test_without_the_scope_the_clusters_own_etcd_would_page(tmp_path: Path) -> None:
+    """The kube-etcd series of the unit tests are a real trap: matchers that let any job in
+    make O41EtcdNoSpace and O41EtcdDatabaseNearQuota fire for them, so the cases fail."""
+    groups = rule_groups('monitoring.prometheusRule.selectors.etcd=namespace=~".+"')
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    shutil.copy(TESTS, tmp_path / TESTS.name)
+    done = subprocess.run(
+        [promtool(), "test", "rules", TESTS.name],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "O41EtcdNoSpace" in out and "kube-etcd" in out
+    assert "O41EtcdDatabaseNearQuota" in out
+
+
+def test_each_alert_has_a_runbook_section_in_operations_md() -> None:
+    headings = {
+        line[4:].strip().lower()
+        for line in (CHART.parents[1] / "docs" / "operations.md").read_text().splitlines()
+        if line.startswith("### ")
+    }
+    base = "https://github.com/o41/o41-artifacts/blob/main/docs/operations.md#"
+    for group in rule_groups():
+        for rule in group["rules"]:
+            url = rule["annotations"]["runbook_url"]
+            assert url == base + rule["alert"].lower()
+            assert rule["alert"].lower() in headings, f"no '### {rule['alert']}' section"
+    custom = rule_groups("monitoring.prometheusRule.runbookBaseURL=https://wiki.example/o41/")
+    urls = {r["annotations"]["runbook_url"] for g in custom for r in g["rules"]}
+    assert "https://wiki.example/o41#o41etcdnospace" in urls
+
+
+def test_with_an_external_etcd_the_rules_read_no_etcd_member() -> None:
+    groups = rule_groups("etcd.external.endpoints[0]=http://etcd.db.svc:2379")
+    names = {r["alert"] for g in groups for r in g["rules"]}
+    assert names == ALERTS - {"O41EtcdDatabaseNearQuota", "O41EtcdDown"}
+    assert not [r for g in groups for r in g["rules"] if "etcd_mvcc" in r["expr"]]

@@ -111,6 +111,18 @@ def test_helm_lint_strict_passes() -> None:
             "etcd.tls.certManager.issuerRef.name=corp-ca",
             "etcd.tls.certManager.issuerRef.kind=ClusterIssuer",
         ),
+        ("certificates.generator=job", "crds.enabled=true"),
+        (
+            "podSecurityContext.runAsUser=null",
+            "podSecurityContext.fsGroup=null",
+            "etcd.topologySpreadConstraints[0].maxSkew=1",
+            "etcd.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+            "etcd.topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+            "serviceAccounts.operator.create=false",
+            "serviceAccounts.operator.name=mine",
+            "global.imageRegistry=mirror.corp",
+            "global.imagePullSecrets[0]=corp",
+        ),
     ],
     ids=[
         "defaults",
@@ -121,6 +133,8 @@ def test_helm_lint_strict_passes() -> None:
         "etcd-tls",
         "etcd-cert-manager",
         "etcd-cert-manager-issuer",
+        "certificates-job-crds",
+        "production-knobs",
     ],
 )
 def test_lint_and_rendered_objects_match_the_kubernetes_1_37_schemas(
@@ -235,8 +249,8 @@ def test_defaults_install_everything_with_etcd_as_three_members() -> None:
     assert (
         "--initial-cluster="
         + ",".join(
-            f"o41-o41-artifacts-etcd-{i}=https://o41-o41-artifacts-etcd-{i}"
-            f".o41-o41-artifacts-etcd.{NAMESPACE}.svc:2380"
+            f"o41-artifacts-etcd-{i}=https://o41-artifacts-etcd-{i}"
+            f".o41-artifacts-etcd.{NAMESPACE}.svc:2380"
             for i in range(3)
         )
         in args
@@ -326,7 +340,7 @@ def test_placement_replicas_probes_args_and_pdb() -> None:
         {"name": "http", "containerPort": 8080, "protocol": "TCP"},
         {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
     ]
-    etcd = "o41-o41-artifacts-etcd"
+    etcd = "o41-artifacts-etcd"
     endpoints = ",".join(f"https://{etcd}-{i}.{etcd}.{NAMESPACE}.svc:2379" for i in range(3))
     assert c["args"] == [
         "python", "-m", "o41.webhook", "--host", "0.0.0.0", "--port", "8080",
@@ -543,7 +557,7 @@ def test_generated_ca_signs_the_serving_certificate_for_the_service_name() -> No
     assert cert.issuer == ca.subject
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert f"o41-o41-artifacts-operator.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+    assert f"o41-artifacts-operator.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
 
 
 def test_cert_manager_switch_issues_the_certificate_and_injects_the_ca() -> None:
@@ -555,7 +569,7 @@ def test_cert_manager_switch_issues_the_certificate_and_injects_the_ca() -> None
     issuer = find(docs, "Issuer")
     assert issuer["spec"] == {"selfSigned": {}}
     assert cert["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
-    assert f"o41-o41-artifacts-operator.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    assert f"o41-artifacts-operator.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
     config = find(docs, "ValidatingWebhookConfiguration")
     assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{NAMESPACE}/{cert['metadata']['name']}"
@@ -674,9 +688,9 @@ def test_price_overrides_reach_the_service_as_a_file_it_loads(tmp_path: Path) ->
 
 # --- etcd's TLS ----------------------------------------------------------------------------
 
-ETCD = "o41-o41-artifacts-etcd"
-PLACEMENT = "o41-o41-artifacts-placement"
-OPERATOR_METRICS = "o41-o41-artifacts-operator-metrics"
+ETCD = "o41-artifacts-etcd"
+PLACEMENT = "o41-artifacts-placement"
+OPERATOR_METRICS = "o41-artifacts-operator-metrics"
 
 
 def member_names(i: int) -> list[str]:
@@ -969,7 +983,7 @@ def test_network_policies_let_in_the_scrapers_and_the_peers_you_name() -> None:
     assert set(monitors) == {ETCD, PLACEMENT, OPERATOR_METRICS}
     for name, monitor in monitors.items():
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-        service = find(docs, "Service", name[len("o41-o41-artifacts") :])
+        service = find(docs, "Service", name[len("o41-artifacts") :])
         assert "metrics" in {p["name"] for p in service["spec"]["ports"]}
         assert (
             monitor["spec"]["selector"]["matchLabels"].items()

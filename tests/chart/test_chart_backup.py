@@ -89,7 +89,7 @@ def test_the_restore_step_runs_each_member_with_its_own_cluster_flags() -> None:
         ("add", "/spec/template/spec/volumes/-"),
         ("replace", "/spec/replicas"),
     ]
-    assert ops[1]["value"]["secret"]["secretName"] == "o41-o41-artifacts-etcd-restore"
+    assert ops[1]["value"]["secret"]["secretName"] == "o41-artifacts-etcd-restore"
     # and out again, from the object as it then is
     patched = json.loads(json.dumps(statefulset))
     patched["spec"]["template"]["spec"]["initContainers"] = [step]

@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.etcd]
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
-ETCD = "o41-o41-artifacts-etcd"
+ETCD = "o41-artifacts-etcd"
 PORTS = (2379, 2380, 2381)  # client, peer, metrics: as the StatefulSet names them
 URL = re.compile(r"(https?)://([^:/,\s]+):(\d+)")
 ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -406,7 +406,7 @@ async def test_a_client_without_the_certificate_is_refused_and_writes_nothing(
         endpoints, tls = [members.url(i, 2379) for i in range(3)], EtcdTls(good.ca_file)
     else:
         other = Authority.create(tmp_path / "other-ca").issue(
-            "client", "o41-o41-artifacts-placement", client=True
+            "client", "o41-artifacts-placement", client=True
         )
         endpoints = [members.url(i, 2379) for i in range(3)]
         tls = EtcdTls(good.ca_file, str(other.cert), str(other.key))

@@ -30,7 +30,7 @@ from test_chart import (
 )
 from test_chart_hygiene import checkov, documented, kube_score, rendered
 
-NAME = "o41-o41-artifacts-placement"
+NAME = "o41-artifacts-placement"
 SERVICE_NAMES = [
     NAME,
     f"{NAME}.{NAMESPACE}",

@@ -22,7 +22,7 @@ from testbed.kube import bin_dir
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "chart.md"
 CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
-PREFIX = "o41-o41-artifacts-"  # release o41: the objects' names are PREFIX + component
+PREFIX = "o41-artifacts-"  # release o41: the objects' names are PREFIX + component
 DIGEST = "sha256:" + "ab" * 32
 
 Finding = tuple[str, str, str, str]  # tool, check, object (component), what it says

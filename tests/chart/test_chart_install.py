@@ -51,7 +51,11 @@ class Release:
 
     @property
     def fullname(self) -> str:
-        return f"{self.name}-o41-artifacts"
+        # the chart's rule (o41.fullname): release o41 gives o41-artifacts, not o41-o41-artifacts
+        chart = "o41-artifacts"
+        if chart in self.name:
+            return self.name
+        return chart if chart.startswith(f"{self.name}-") else f"{self.name}-{chart}"
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(

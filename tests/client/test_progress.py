@@ -78,6 +78,23 @@ async def test_a_callback_is_told_the_size_and_bytes_adding_up_to_it(
     assert capsys.readouterr().err == ""
 
 
+async def test_a_write_begun_again_elsewhere_counts_its_bytes_once(
+    service: Service, tmp_path: Path
+) -> None:
+    """A bucket that fails the upload once it came: the write begins again at another
+    location and sends it all again; the callback's bytes still add up to the size."""
+    service.storage.broken.add("bucket-flaky")
+    size = PART_SIZE + 2**20  # in parts
+    path = tmp_path / "model"
+    path.write_bytes(os.urandom(size))
+    client = sdk.Client(service.url, str(service.token), Place("nebius", "eu-n", "env"), 30)
+    up = Counted()
+    written = await asyncio.to_thread(client.write, ORG, "m", path, callback=up)
+    assert written.location != "flaky"  # begun again elsewhere, after the bytes went once
+    assert any(p.startswith("/bucket-flaky/") for p in service.storage.puts)
+    assert up.total == size and set(up.sizes) == {size}
+
+
 def test_progress_off_prints_nothing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -273,6 +273,8 @@ async def test_a_download_url_that_expires_during_a_read_is_signed_again(
     assert got.size == SIZE and out.read_bytes() == data
     gets_signed = [s for s in service.storage.signed if s.startswith("GET")][signed:]
     assert len(gets_signed) >= 2, gets_signed  # the first URL, and one signed again
+    # the usage page counts the read once: the bucket sent its bytes once in all
+    assert await counted(service) == (1, SIZE)
 
     def read_on_and_off() -> tuple[bytes, bytes]:  # a file object signs again too
         with client.open(ORG, "ckpt", version)[0] as raw:
@@ -283,7 +285,37 @@ async def test_a_download_url_that_expires_during_a_read_is_signed_again(
 
     first, rest = await asyncio.to_thread(read_on_and_off)
     assert first == data[:MiB] and rest == data[PART_SIZE : PART_SIZE + MiB]
-    assert await usage_of(service, "read")  # the reads were counted
+    # another read, counted as one more; its URL signed again is not a third
+    assert await counted(service) == (2, 2 * SIZE)
+
+
+async def test_a_download_signed_again_counts_only_a_read_counted_lately(
+    relayed: tuple[Service, Relay], tmp_path: Path
+) -> None:
+    """``?again=true`` spares the count of a read this replica counted lately; said of a
+    read it never counted, it is counted as the read it is; any other value is a 400."""
+    service, _ = relayed
+    version, _ = await _written(service, tmp_path)
+    client: Artifacts = service.client("gcp", "us-central1")
+    await asyncio.to_thread(client.locate, ORG, "ckpt", version, again=True)
+    assert await counted(service) == (1, SIZE)  # never read before: counted
+    await asyncio.to_thread(client.locate, ORG, "ckpt", version, again=True)
+    assert await counted(service) == (1, SIZE)  # the same read's URL again
+    await asyncio.to_thread(client.locate, ORG, "ckpt", version)
+    assert await counted(service) == (2, 2 * SIZE)  # a read of its own
+    status, answer = await service.api(
+        "GET", f"/v1/organizations/{ORG}/artifacts/ckpt/versions/{version}?again=yes"
+    )
+    assert status == 400 and "again must be true or false" in answer["error"], answer
+
+
+async def counted(service: Service) -> tuple[int, int]:
+    """The reads and bytes the usage page counts for the organization."""
+    records = await usage_of(service, "read")
+    return (
+        sum(r["counts"].get("reads", 0) for r in records),
+        sum(r["counts"].get("bytes", 0) for r in records),
+    )
 
 
 # --- versitygw: S3's own signatures and expiry ------------------------------------------

@@ -215,3 +215,30 @@ def test_plain_families_read_as_prometheus_reads_them() -> None:
     assert samples["t_seconds_sum", (("op", "get"),)] == pytest.approx(7.65)
     assert samples["t_calls_total", (("op", "get"),)] == 3
     assert "# TYPE t_unused_total counter" in text
+
+
+async def test_build_info_names_the_running_version(aiohttp_client: Any) -> None:
+    """``o41_build_info{version}`` is 1 on the service's /metrics: which replicas run what
+    during a rollout (the chart's alerts and dashboard may join on it)."""
+    from o41 import __version__
+    from o41.webhook.telemetry.metrics import metrics_app
+
+    scraper = await aiohttp_client(metrics_app())
+    text = (await (await scraper.get("/metrics")).read()).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "o41_build_info"]
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("o41_build_info", {"version": __version__}, 1.0)
+    ]
+
+
+def test_the_operator_names_its_version_too() -> None:
+    """The operator's /metrics carries ``o41_build_info{version}`` as the service's does."""
+    from prometheus_client import generate_latest
+
+    from o41 import __version__
+
+    text = generate_latest(operator_telemetry.REGISTRY).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "o41_build_info"]
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("o41_build_info", {"version": __version__}, 1.0)
+    ]

@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.real, pytest.mark.kube]
 
 # the names examples/job.yaml expects: release "o41" in o41-system
 RELEASE, NAMESPACE = "o41", "o41-system"
-FULLNAME = f"{RELEASE}-o41-artifacts"
+FULLNAME = "o41-artifacts"  # release o41: the chart does not repeat it (o41.fullname)
 EXAMPLES = REPO / "examples"
 
 
@@ -823,3 +823,109 @@ def get(url: str, ca: Path) -> int:
             return int(r.status)
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_a_gitops_apply_with_the_certificates_job_runs_and_keeps_its_cas(
+    chart_site: Installed,
+) -> None:
+    """certificates.generator=job on real pods, applied as Argo CD does (kubectl apply of
+    `helm template`): the Job runs the project's image and makes the webhook's and etcd's
+    certificates, etcd's members form their cluster over TLS with them, the service reaches
+    etcd with its client certificate, the API server calls the webhook with the caBundle the
+    Job set; a second apply of a second render changes no CA and restarts no pod."""
+    release, namespace = "gitops", "o41-gitops"
+    site = chart_site
+
+    def render() -> str:
+        done = helm_run(
+            site.kubeconfig, "template", release, str(CHART), "--namespace", namespace,
+            "-f", str(site.directory / "values.yaml"),
+            "--set", "certificates.generator=job", "--set", "etcd.persistence.enabled=false",
+            "--set", "placement.replicas=1", "--include-crds",  # as Argo CD renders
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def apply(text: str) -> str:
+        return site.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+
+    rendered = render()
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    (job,) = [d["metadata"]["name"] for d in docs if d["kind"] == "Job"]
+    (config,) = [
+        d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    secrets = [f"{release}-o41-artifacts-webhook-tls"] + [
+        f"{release}-o41-artifacts-etcd-{r}-tls" for r in ("server", "peer", "client")
+    ]
+
+    def workloads_ready() -> bool:
+        pods = [
+            p
+            for p in site.pods(namespace)
+            if not any(o["kind"] == "Job" for o in p["metadata"].get("ownerReferences", []))
+        ]
+        return len(pods) == 5 and all(
+            {c["type"]: c["status"] for c in p["status"].get("conditions", [])}.get("Ready")
+            == "True"
+            for p in pods
+        )
+
+    def cas() -> dict[str, str]:
+        found = {}
+        for name in secrets:
+            data = site.json("secret", name, "-n", namespace)["data"]
+            found[name] = data["ca.crt"] + data["tls.crt"]
+        for hook in site.json("validatingwebhookconfiguration", config)["webhooks"]:
+            found[hook["name"]] = hook["clientConfig"]["caBundle"]
+        return found
+
+    site.kubectl("create", "namespace", namespace)
+    try:
+        apply(rendered)
+        site.kubectl("wait", "--for=condition=Complete", f"job/{job}", "-n", namespace,
+                     "--timeout=300s")  # fmt: skip
+        log = site.kubectl("logs", f"job/{job}", "-n", namespace)
+        assert "etcd TLS: made" in log and "webhook TLS: made" in log, log
+        assert "caBundle set on" in log, log
+        try:
+            wait_for(workloads_ready, timeout=300, what="the GitOps release's pods to be Ready")
+        except AssertionError as e:
+            logs = [
+                site.kubectl("logs", f"deploy/{release}-o41-artifacts-{c}", "-n", namespace,
+                             "--tail=30", check=False)
+                for c in ("operator", "placement")
+            ]  # fmt: skip
+            pods = site.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False)
+            raise AssertionError(f"{e}\n{pods}\n{logs}\n{site.diagnose()}") from None
+        organization = {
+            "apiVersion": "artifacts.o41.io/v1alpha1",
+            "kind": "Organization",
+            "metadata": {"name": "gitops-picks-nothing"},
+            "spec": {"namespaces": ["nobody"], "fallback": "nowhere"},
+        }
+
+        def answered() -> str | None:
+            done = subprocess.run(
+                [*kubectl_argv(site), "create", "--dry-run=server", "-f", "-"],
+                input=json.dumps(organization), capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            return None if "failed calling webhook" in done.stderr else done.stderr
+
+        refusal = wait_for(answered, timeout=120, what="the webhook's answer over the Job's TLS")
+        assert "fallback 'nowhere' does not exist" in refusal, refusal
+
+        before = cas()
+        uids = sorted(p["metadata"]["uid"] for p in site.pods(namespace))
+        again = render()
+        assert again == rendered
+        out = apply(again)
+        assert f"job.batch/{job} unchanged" in out, out
+        assert f"statefulset.apps/{release}-o41-artifacts-etcd unchanged" in out, out
+        assert cas() == before
+        assert sorted(p["metadata"]["uid"] for p in site.pods(namespace)) == uids
+        assert workloads_ready()
+    finally:
+        site.kubectl("delete", "-n", namespace, "--ignore-not-found", "--wait=false", "-f", "-",
+                     input=rendered, check=False)  # fmt: skip
+        site.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

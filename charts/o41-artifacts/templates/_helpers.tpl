@@ -3,7 +3,10 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Prefix of every object's name: <release>-o41-artifacts, or its override. */}}
+{{/* Prefix of every object's name: fullnameOverride; else the release's name when it
+contains the chart's (helm create's rule: release o41-artifacts gives o41-artifacts), the
+chart's name when it starts with the release's (release o41 gives o41-artifacts, not
+o41-artifacts), else <release>-o41-artifacts. */}}
 {{- define "o41.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
@@ -11,6 +14,8 @@
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else if hasPrefix (printf "%s-" .Release.Name) $name }}
+{{- $name | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -51,19 +56,55 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The product's image: repository@digest when image.digest is set (the tag is then
 ignored: a digest names one image), else repository:tag (default: the chart's appVersion). */}}
 {{- define "o41.image" -}}
-{{- include "o41.imageRef" (dict "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag)) }}
+{{- include "o41.imageRef" (dict "image" .Values.image "tag" (default .Chart.AppVersion .Values.image.tag) "registry" ((.Values.global).imageRegistry)) }}
 {{- end }}
 
 {{/* etcd's image, the same way: repository@digest, else repository:tag. */}}
 {{- define "o41.etcdImage" -}}
-{{- include "o41.imageRef" (dict "image" .Values.etcd.image "tag" .Values.etcd.image.tag) }}
+{{- include "o41.imageRef" (dict "image" .Values.etcd.image "tag" .Values.etcd.image.tag "registry" ((.Values.global).imageRegistry)) }}
 {{- end }}
 
 {{- define "o41.imageRef" -}}
+{{- $repository := include "o41.repository" (dict "repository" .image.repository "registry" .registry) }}
 {{- if .image.digest }}
-{{- printf "%s@%s" .image.repository .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .image.repository .tag }}
+{{- printf "%s:%s" $repository .tag }}
+{{- end }}
+{{- end }}
+
+{{/* A repository moved to global.imageRegistry (a mirror) when an umbrella chart sets it:
+the repository's own registry host (its first part, when that has a dot or a port, or is
+localhost) is replaced, else the registry is put in front: ghcr.io/o41/o41-artifacts and
+o41/o41-artifacts both become <registry>/o41/o41-artifacts. */}}
+{{- define "o41.repository" -}}
+{{- if .registry }}
+{{- $parts := splitList "/" .repository }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- printf "%s/%s" (trimSuffix "/" .registry) (join "/" (rest $parts)) }}
+{{- else }}
+{{- printf "%s/%s" (trimSuffix "/" .registry) .repository }}
+{{- end }}
+{{- else }}
+{{- .repository }}
+{{- end }}
+{{- end }}
+
+{{/* The pods' imagePullSecrets: global.imagePullSecrets (names or {name: ...}) and
+imagePullSecrets, each name once. */}}
+{{- define "o41.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range (concat (((.Values.global).imagePullSecrets) | default list) (.Values.imagePullSecrets | default list)) }}
+{{- $name := . }}
+{{- if kindIs "map" . }}{{ $name = .name }}{{ end }}
+{{- if not (has $name $names) }}{{ $names = append $names $name }}{{ end }}
+{{- end }}
+{{- if $names }}
+imagePullSecrets:
+{{- range $names }}
+  - name: {{ . }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -134,24 +175,39 @@ named. */}}
 {{- toJson $names }}
 {{- end }}
 
-{{/* The container securityContext of every container the chart runs. */}}
+{{/* The container securityContext of every container the chart runs (containerSecurityContext). */}}
 {{- define "o41.containerSecurityContext" -}}
-runAsNonRoot: true
-readOnlyRootFilesystem: true
-allowPrivilegeEscalation: false
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.containerSecurityContext }}
 {{- end }}
 
+{{/* The pods' securityContext (podSecurityContext): its runAsUser, runAsGroup and fsGroup
+can be unset (null) where the platform assigns them, as OpenShift's restricted SCC does. */}}
 {{- define "o41.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-fsGroup: 10001
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{/* A component's ServiceAccount: serviceAccounts.<component>.name, else the component's
+name. Pass (dict "ctx" $ "component" "operator"). */}}
+{{- define "o41.serviceAccountName" -}}
+{{- $sa := index .ctx.Values.serviceAccounts .component }}
+{{- default (include (printf "o41.%s" .component) .ctx) $sa.name }}
+{{- end }}
+
+{{/* A component's topologySpreadConstraints, each given the component's pods as its
+labelSelector when it names none. Pass (dict "ctx" $ "component" "etcd" "constraints" list). */}}
+{{- define "o41.spread" -}}
+{{- $out := list }}
+{{- range .constraints }}
+{{- $c := deepCopy . }}
+{{- if not $c.labelSelector }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "o41.selectorLabels" (dict "ctx" $.ctx "component" $.component) | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- if $out }}
+topologySpreadConstraints:
+  {{- toYaml $out | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* Where both servers may fetch TrustDomains' keys from, and this cluster's own issuer. */}}

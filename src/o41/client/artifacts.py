@@ -16,6 +16,7 @@ against the CRC32 its writer recorded.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -378,11 +379,15 @@ class Artifacts:
 
     # ------------------------------------------------------------------------------ read
 
-    def locate(self, organization: str, artifact: str, version: str) -> dict[str, Any]:
+    def locate(
+        self, organization: str, artifact: str, version: str, *, again: bool = False
+    ) -> dict[str, Any]:
         """Where ``version`` (an id, ``latest`` or a tag) lives, and a signed download;
-        the answer's ``version`` is the one the service resolved."""
+        the answer's ``version`` is the one the service resolved. ``again``: the download
+        of a read begun, signed again (the service counted the read once already)."""
         place = self.place
-        query = urllib.parse.urlencode({k: v for k, v in place.as_json().items() if v is not None})
+        given = {k: v for k, v in place.as_json().items() if v is not None}
+        query = urllib.parse.urlencode({**given, **({"again": "true"} if again else {})})
         found: dict[str, Any] = self.call(
             "GET",
             f"/v1/organizations/{_q(organization)}/artifacts/{_q(artifact)}/versions/"
@@ -391,8 +396,9 @@ class Artifacts:
         return found
 
     def relocator(self, organization: str, artifact: str, version: str) -> Relocate:
-        """What asks for a fresh download of the version id ``version`` (its URL expired)."""
-        return lambda: self.locate(organization, artifact, version)
+        """What asks for a fresh download of the version id ``version`` (its URL expired,
+        or the rest of a read that stopped): not counted as another read."""
+        return lambda: self.locate(organization, artifact, version, again=True)
 
     def cached(
         self,
@@ -401,13 +407,15 @@ class Artifacts:
         version: str,
         locate: Relocate,
         *,
+        relocate: Relocate | None = None,
         path: str = "",
         expect: Mapping[str, Any] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> Got | None:
         """The version id ``version`` (``path``: one file of a directory version) from
         this node's cache, fetched into it first if it is not there (``locate`` signs the
-        download: only then is the read counted); None without a cache, with one this
+        download: only then is the read counted; ``relocate`` signs it again, default
+        ``locate``); None without a cache, with one this
         process cannot write, or for a version larger than it holds.
         :class:`~o41.client.cache.Bypass` carries the read answer of one found too large
         only once located. ``expect``: what the service says of it
@@ -422,7 +430,7 @@ class Artifacts:
             found = locate()
             if not cache.fits(found["size"]):
                 raise Bypass(found)
-            download(found, data, self.timeout, relocate=locate, progress=progress)
+            download(found, data, self.timeout, relocate=relocate or locate, progress=progress)
             return found
 
         got = cache.entry(organization, artifact, version, path).get(expect, fetch)
@@ -473,10 +481,13 @@ class Artifacts:
         it is not there): ``(entry, None)``; ``(None, where to read it)`` when it is too
         large to keep, so the caller reads it from the bucket."""
         pinned = named["version"]
-        locate = self.relocator(organization, artifact, pinned)
+        first = functools.partial(self.locate, organization, artifact, pinned)
+        again = self.relocator(organization, artifact, pinned)
         with Progress(named["size"], f"download from {named['location']}", callback) as p:
             try:
-                got = self.cached(organization, artifact, pinned, locate, expect=named, progress=p)
+                got = self.cached(
+                    organization, artifact, pinned, first, relocate=again, expect=named, progress=p
+                )
             except Bypass as too_large:
                 return None, too_large.found
         return got, None

@@ -249,14 +249,16 @@ def listing(
 
 
 def locate_file(
-    api: Artifacts, organization: str, artifact: str, ref: str, path: str
+    api: Artifacts, organization: str, artifact: str, ref: str, path: str, *, again: bool = False
 ) -> dict[str, Any]:
-    """One file of a directory version: where it lives, its size and MD5, a download."""
+    """One file of a directory version: where it lives, its size and MD5, a download
+    (``again``: signed again for a read begun, which the service counted already)."""
     if why := path_problem(path):
         raise ArtifactError(why)
     quoted = urllib.parse.quote(path, safe="/")
+    query = _place_query(api) + ("&again=true" if again else "")
     found: dict[str, Any] = api.call(
-        "GET", f"{_base(organization, artifact, ref)}/files/{quoted}?{_place_query(api)}"
+        "GET", f"{_base(organization, artifact, ref)}/files/{quoted}?{query}"
     )
     return found
 
@@ -274,9 +276,15 @@ def _file_of(found: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, An
     }
 
 
-def _locator(api: Artifacts, organization: str, artifact: str, version: str, path: str) -> Relocate:
-    """What signs one file's download (again): counted as a read of that file alone."""
-    return lambda: {**locate_file(api, organization, artifact, version, path), "path": path}
+def _locator(
+    api: Artifacts, organization: str, artifact: str, version: str, path: str, *, again: bool = True
+) -> Relocate:
+    """What signs one file's download again (``again=False``: the first time, counted as
+    a read of that file alone)."""
+    return lambda: {
+        **locate_file(api, organization, artifact, version, path, again=again),
+        "path": path,
+    }
 
 
 def _md5_is(path: Path, size: int, md5: str) -> bool:
@@ -382,8 +390,9 @@ def _dir_download(
         dest = partial.joinpath(*f["path"].split("/"))
         dest.parent.mkdir(parents=True, exist_ok=True)
         locate = _locator(api, organization, artifact, version, f["path"])
+        first = _locator(api, organization, artifact, version, f["path"], again=False)
         entry = signed.get(f["path"])
-        file_found = _file_of(found, entry) if entry is not None else locate()
+        file_found = _file_of(found, entry) if entry is not None else first()
         download(file_found, dest, api.timeout, relocate=locate, progress=progress)
 
     with ThreadPoolExecutor(max_workers=PARALLEL_FILES) as threads:
@@ -417,10 +426,11 @@ def _dir_through_cache(
 
         def one(f: Mapping[str, Any]) -> None:
             locate = _locator(api, organization, artifact, version, f["path"])
+            first = _locator(api, organization, artifact, version, f["path"], again=False)
             entry = signed.pop(f["path"], None)
 
             def fetch(data: Path) -> Mapping[str, Any]:
-                file_found = _file_of(found, entry) if entry is not None else locate()
+                file_found = _file_of(found, entry) if entry is not None else first()
                 download(file_found, data, api.timeout, relocate=locate, progress=progress)
                 return file_found
 
@@ -457,11 +467,18 @@ def read_file(
         if why := path_problem(path):
             raise ArtifactError(why)
         named = api.resolve(organization, artifact, ref)
-        locate = _locator(api, organization, artifact, named["version"], path)
+        first = _locator(api, organization, artifact, named["version"], path, again=False)
+        again = _locator(api, organization, artifact, named["version"], path)
         with Progress(0, "download", callback, show=False) as progress:
             try:
                 got = api.cached(
-                    organization, artifact, named["version"], locate, path=path, progress=progress
+                    organization,
+                    artifact,
+                    named["version"],
+                    first,
+                    relocate=again,
+                    path=path,
+                    progress=progress,
                 )
             except Bypass as too_large:
                 got, found = None, too_large.found
@@ -490,9 +507,12 @@ def open_file(
         if why := path_problem(path):
             raise ArtifactError(why)
         named = api.resolve(organization, artifact, ref)
-        locate = _locator(api, organization, artifact, named["version"], path)
+        first = _locator(api, organization, artifact, named["version"], path, again=False)
+        again = _locator(api, organization, artifact, named["version"], path)
         try:
-            got = api.cached(organization, artifact, named["version"], locate, path=path)
+            got = api.cached(
+                organization, artifact, named["version"], first, relocate=again, path=path
+            )
         except Bypass as too_large:
             got, found = None, too_large.found
         if got is not None:

@@ -542,18 +542,39 @@ def upload_parts(
             return kept[n]
         offset = (n - 1) * part_size
         length = min(part_size, size - offset)
-
-        def body() -> Body:
-            return source.slice(offset, length, progress)
-
+        body = counted_once(lambda told: source.slice(offset, length, told), progress)
         return put(pool, urls[n], body, length, location)
 
     try:
         with ThreadPoolExecutor(max_workers=PARALLEL_PARTS) as threads:
             return list(threads.map(one, range(1, parts + 1)))
+    except BaseException:
+        progress(-progress.done)  # the write begins again elsewhere: counted from 0 there
+        raise
     finally:
         pool.close()
         progress.close()
+
+
+def counted_once(
+    make: Callable[[Callable[[int], None]], Body], progress: Callable[[int], None]
+) -> Callable[[], Body]:
+    """A request's body for each of its attempts (``make(told)``: a body that tells
+    ``told`` the bytes it sends), its bytes told to ``progress`` once: an attempt sent
+    again takes back what the one before it had told."""
+    told = [0]
+
+    def tell(n: int) -> None:
+        told[0] += n
+        progress(n)
+
+    def body() -> Body:
+        if told[0]:
+            progress(-told[0])
+            told[0] = 0
+        return make(tell)
+
+    return body
 
 
 def upload(
@@ -578,19 +599,22 @@ def upload(
         return upload_parts(
             source, size, part_size, count, urls, location, {}, timeout, callback
         ), None
+    if "single" not in spec:
+        raise ArtifactError("the service answered no upload: update the client")
     progress = Progress(size, f"upload to {location}", callback)
     pool = Pool(timeout)
+    hashes: list[Any] = []  # a retry hashes from the start again
+
+    def whole(told: Callable[[int], None]) -> Body:
+        hashes.append(hashlib.md5())  # noqa: S324 - integrity
+        return source.slice(0, size, told, hashes[-1])
+
     try:
-        if "single" in spec:
-            hashes: list[Any] = []  # a retry hashes from the start again
-
-            def whole() -> Body:
-                hashes.append(hashlib.md5())  # noqa: S324 - integrity
-                return source.slice(0, size, progress, hashes[-1])
-
-            put(pool, spec["single"], whole, size, location)
-            return [], hashes[-1].hexdigest()
-        raise ArtifactError("the service answered no upload: update the client")
+        put(pool, spec["single"], counted_once(whole, progress), size, location)
+        return [], hashes[-1].hexdigest()
+    except BaseException:
+        progress(-progress.done)  # the write begins again elsewhere: counted from 0 there
+        raise
     finally:
         pool.close()
         progress.close()

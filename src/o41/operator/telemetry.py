@@ -17,6 +17,7 @@ Prometheus's conventions (base units, ``_total``, ``_seconds`` histograms, bound
   answers (allowed, refused: a rule said no; unavailable: it could not decide, so it said
   no; error: a bug) and ``o41_operator_admission_duration_seconds{handler}``.
 - ``o41_operator_reconcile_errors_total{resource}``: a handler raised (kopf retries it).
+- ``o41_build_info{version}``: always 1, the running version (as the service's).
 - The process, the Python runtime and its GC.
 
 Organization and Location names are labels: cluster-scoped objects the platform team
@@ -41,11 +42,13 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    Info,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from o41 import __version__
 from o41.operator.index import LocationsIndex, recorded
 from o41.operator.model import role
 
@@ -60,6 +63,10 @@ R = TypeVar("R")
 REGISTRY = CollectorRegistry(auto_describe=True)
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_collector)
+
+#: ``o41_build_info{version}``: always 1, the running version (as the service's).
+BUILD = Info("o41_build", "The operator's version (always 1).", registry=REGISTRY)
+BUILD.info({"version": __version__})
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

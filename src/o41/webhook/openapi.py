@@ -146,6 +146,18 @@ def _path(*names: str) -> list[dict[str, Any]]:
     ]
 
 
+#: ``?again=true``: a download signed again for a read begun, not counted twice.
+AGAIN: dict[str, Any] = {
+    "name": "again",
+    "in": "query",
+    "required": False,
+    "description": "true: the download of a read the client began, signed again (its URL "
+    "expired, or the rest of a read that stopped); not counted again when this replica "
+    "counted that read within twice the URL's life",
+    "schema": {"enum": ["true", "false"], "default": "false"},
+}
+
+
 def _query(*names: str, required: bool = False) -> list[dict[str, Any]]:
     return [
         {"name": n, "in": "query", "required": required, "schema": {"type": "string"}}
@@ -277,7 +289,8 @@ def document() -> dict[str, Any]:
                     "summary": "Read a version (an id, 'latest' or a tag): where it lives, "
                     "its locality, a download; the answer names the version it read",
                     "parameters": _path("organization", "artifact", "version")
-                    + _query("cloud", "region", "source"),
+                    + _query("cloud", "region", "source")
+                    + [AGAIN],
                     "responses": _answers(
                         200,
                         _either(ReadOut, DirectoryReadOut),
@@ -328,7 +341,8 @@ def document() -> dict[str, Any]:
                     "operationId": "readFile",
                     "summary": "Read one file of a directory version: where it lives, a download",
                     "parameters": _path("organization", "artifact", "version", "path")
-                    + _query("cloud", "region", "source"),
+                    + _query("cloud", "region", "source")
+                    + [AGAIN],
                     "responses": _answers(200, FileReadOut, "the file"),
                 }
             },

@@ -66,7 +66,7 @@ async def files(
 
         for row, req in zip(listed, await opened.sign(location.name, sign_all), strict=True):
             row["download"] = req
-        count_read(app, org, reader, str(how_far), location, record, record.size)
+        count_read(app, caller, org, reader, str(how_far), location, record, record.size)
     return {**located(record, location, how_far, ref, tag), "files": listed}
 
 
@@ -78,8 +78,11 @@ async def read_file(
     ref: str,
     path: str,
     reader: Place,
+    *,
+    again: bool = False,
 ) -> FileReadOut:
-    """One file of a directory version: where it lives, its size and MD5, a download."""
+    """One file of a directory version: where it lives, its size and MD5, a download
+    (``again``: signed again for a read begun, ``o41.webhook.writes.read.count_read``)."""
     check_path(path)
     org, record, tag, entries, location = await _directory(app, caller, organization, artifact, ref)
     entry = find(entries, path)
@@ -97,7 +100,18 @@ async def read_file(
             object_key(record.key, entry.path), expires=DOWNLOAD_EXPIRES
         ),
     )
-    count_read(app, org, reader, str(how_far), location, record, entry.size)
+    count_read(
+        app,
+        caller,
+        org,
+        reader,
+        str(how_far),
+        location,
+        record,
+        entry.size,
+        path=entry.path,
+        again=again,
+    )
     return {
         **located(record, location, how_far, ref, tag),
         "path": entry.path,

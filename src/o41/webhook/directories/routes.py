@@ -11,7 +11,7 @@ from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
 from o41.webhook.http.bodies import parse
 from o41.webhook.http.errors import problem
 from o41.webhook.identity.auth import caller
-from o41.webhook.writes.bodies import reader_place
+from o41.webhook.writes.bodies import again_of, reader_place
 
 routes = web.RouteTableDef()
 
@@ -70,5 +70,6 @@ async def read_file(request: web.Request) -> web.Response:
         m["version"],
         m["path"],
         reader,
+        again=again_of(request),
     )
     return web.json_response(found)

@@ -20,6 +20,8 @@ values are bounded.
 - Tokens refused by ``reason`` (``o41.core.trust``'s codes) and ``trust_domain`` (the
   TrustDomains a platform admin made, ``vm.o41`` for service tokens, or empty).
 - The process (CPU, memory, file descriptors), the Python runtime and its GC.
+- ``o41_build_info{version}``: always 1, the running version (``o41.__version__``, which the
+  image's tag and the chart's appVersion follow): which replicas run what during a rollout.
 
 No label takes a namespace, an artifact, a version, a key or a token.
 """
@@ -40,10 +42,11 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from o41 import __version__
 from o41.state import (
     Compare,
     Consistency,
@@ -80,6 +83,8 @@ FAMILIES = (
     Families()
 )  # plain numbers, changed on the event loop only (o41.webhook.telemetry.families)
 REGISTRY.register(FAMILIES)
+BUILD = Info("o41_build", "The placement service's version (always 1).", registry=REGISTRY)
+BUILD.info({"version": __version__})
 
 REQUESTS = FAMILIES.counter(
     "o41_http_requests",

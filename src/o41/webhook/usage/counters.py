@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -81,6 +81,30 @@ def _added(current: KeyValue | None, base: dict[str, Any], counts: Counter[str])
     return json.dumps(record, separators=(",", ":")).encode()
 
 
+class Lately:
+    """The reads this replica counted lately, by (tenant, organization, version, path in a
+    directory version or ""): a download signed *again* for one of them (its URL expired,
+    or the rest of a read that stopped) within a window is no new read. The bucket sends a
+    version's bytes once in all for such a read, and the first signing counted them; a
+    client could fetch the first URL as often anyway while it is valid, so this counts
+    nothing less than the URL allows. Bounded: the oldest go past ``most``; a signing
+    again on another replica counts again (more, never less)."""
+
+    def __init__(self, most: int = 100_000) -> None:
+        self.most = most
+        self._at: OrderedDict[tuple[str, ...], float] = OrderedDict()
+
+    def note(self, key: tuple[str, ...]) -> None:
+        self._at[key] = time.monotonic()
+        self._at.move_to_end(key)
+        while len(self._at) > self.most:
+            self._at.popitem(last=False)
+
+    def seen(self, keys: Iterable[tuple[str, ...]], within: float) -> bool:
+        now = time.monotonic()
+        return any(now - self._at.get(k, float("-inf")) <= within for k in keys)
+
+
 class Usage:
     def __init__(
         self,
@@ -96,6 +120,7 @@ class Usage:
         self._sweep_every = sweep_every
         self._counts: dict[tuple[str, str, Dims], Counter[str]] = defaultdict(Counter)
         self._flushing = asyncio.Lock()
+        self.lately = Lately()  # reads counted lately: a download signed again is none
         self.closed = ClosedPeriods()  # the page's merges of hours and days that are over
         self.open_records = OpenRecords()  # and the parsed records of the open ones
 

@@ -76,3 +76,12 @@ def reader_place(request: web.Request) -> PlaceIn:
     except ValidationError as e:
         message = e.errors(include_url=False)[0]["msg"]
         raise problem(400, f"invalid place in the query: {message}") from None
+
+
+def again_of(request: web.Request) -> bool:
+    """``?again=true``: a download signed again for a read the client began (its URL
+    expired, or the rest of a read that stopped), which its first signing counted."""
+    flag = request.query.get("again", "false")
+    if flag not in ("true", "false"):
+        raise problem(400, f"again must be true or false, not {flag[:20]!r}")
+    return flag == "true"

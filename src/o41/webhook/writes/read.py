@@ -33,9 +33,12 @@ async def read(
     artifact: str,
     ref: str,
     reader: Place,
+    *,
+    again: bool = False,
 ) -> ReadOut | DirectoryReadOut:
     """Where a version lives, how far that is from the reader, and a download. ``ref`` is
-    a version id, ``latest`` or a tag, resolved here; the answer names the version."""
+    a version id, ``latest`` or a tag, resolved here; the answer names the version.
+    ``again``: a download signed again for a read begun (:func:`count_read`)."""
     org = organization_for(app, organization, caller)
     record, tag = await resolve(app, org.name, artifact, ref)
     version = record.version
@@ -53,7 +56,9 @@ async def read(
     download = await opened.sign(
         location.name, lambda: opened.bucket.presign_get(record.key, expires=DOWNLOAD_EXPIRES)
     )
-    count_read(app, org.name, reader, str(how_far), location, record, record.size)
+    count_read(
+        app, caller, org.name, reader, str(how_far), location, record, record.size, again=again
+    )
     return {
         "version": version,
         "location": location.name,
@@ -90,17 +95,35 @@ def located(
     }
 
 
+#: How long a read's count covers the downloads signed again for it: the URL's own life,
+#: and as long again for a read that went on slowly.
+COUNT_COVERS = 2 * DOWNLOAD_EXPIRES
+
+
 def count_read(
     app: web.Application,
+    caller: Caller,
     organization: str,
     reader: Place,
     how_far: str,
     location: Location,
     record: Version,
     size: int,
+    *,
+    path: str = "",
+    again: bool = False,
 ) -> None:
-    """A read of ``size`` bytes of ``record`` in the usage counters."""
-    app[USAGE].add(
+    """A read of ``size`` bytes of ``record`` (``path``: one file of a directory version)
+    in the usage counters. ``again``: the client signs a download again for a read it
+    began (an expired URL, the rest of a read that stopped): not counted when this replica
+    counted that read, or its whole directory version, within :data:`COUNT_COVERS`."""
+    usage = app[USAGE]
+    key = (caller.tenant, organization, record.version, path)
+    whole = (caller.tenant, organization, record.version, "")
+    if again and usage.lately.seen((key, whole), COUNT_COVERS):
+        return
+    usage.lately.note(key)
+    usage.add(
         organization,
         "read",
         {

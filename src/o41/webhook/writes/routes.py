@@ -12,7 +12,7 @@ from o41.webhook.writes import begin as beginning
 from o41.webhook.writes import commit as committing
 from o41.webhook.writes import pending
 from o41.webhook.writes import read as reading
-from o41.webhook.writes.bodies import BeginIn, CommitIn, PartsIn, reader_place
+from o41.webhook.writes.bodies import BeginIn, CommitIn, PartsIn, again_of, reader_place
 
 routes = web.RouteTableDef()
 
@@ -60,5 +60,6 @@ async def read(request: web.Request) -> web.Response:
         m["artifact"],
         m["version"],
         reader,
+        again=again_of(request),
     )
     return web.json_response(found)
