@@ -136,7 +136,8 @@ def engines(
     a: Store, b: Store, ttl: int = 2, clock: Callable[[], float] | None = None
 ) -> tuple[Engine, Engine, Cut, Cut]:
     cut_a, cut_b = Cut(a), Cut(b)
-    ea, eb = Engine(cut_a, owner_ttl=ttl), Engine(cut_b, owner_ttl=ttl)
+    ea = Engine(cut_a, owners="on", owner_ttl=ttl)
+    eb = Engine(cut_b, owners="on", owner_ttl=ttl)
     if clock is not None:
         ea.owned.clock = clock
     return ea, eb, cut_a, cut_b
@@ -323,7 +324,8 @@ async def partitioned(
         if heal:
             cut_a.cut = False
 
-    ops = await history([ea, eb], name, ttl + 4.0, during=fault, op_timeout=3.0, route=route)
+    # long enough for B to write after the lease, on a loaded machine too
+    ops = await history([ea, eb], name, ttl + 8.0, during=fault, op_timeout=5.0, route=route)
     async with asyncio.timeout(10):
         gone_at = await gone
     cut_a.cut = False  # killed: what is left of it may close
@@ -531,7 +533,8 @@ async def test_an_owner_answers_through_an_etcd_election(etcd_cluster: EtcdClust
     nothing can be written meanwhile, and the owner goes on answering strong reads from
     its copy, within its safe time, without waiting for the election."""
     stores = [EtcdStore(etcd_cluster.endpoints, timeout=5) for _ in range(2)]
-    ea, eb = Engine(stores[0], owner_ttl=5), Engine(stores[1], owner_ttl=5)
+    ea = Engine(stores[0], owners="on", owner_ttl=5)
+    eb = Engine(stores[1], owners="on", owner_ttl=5)
     try:
         name = "election"
         await call(ea, name, "set", "x", "before")

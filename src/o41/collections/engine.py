@@ -120,7 +120,7 @@ class Engine:
         max_wait: float = 25.0,
         arrival_ttl: int = 15,
         idle: float = 120.0,
-        owners: Literal["off", "guard", "on"] = "on",
+        owners: Literal["off", "guard", "on"] = "off",
         owner_ttl: int = 5,
     ) -> None:
         # o41.collections.owners. "guard": every write to a dict's, set's or registry's
