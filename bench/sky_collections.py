@@ -271,11 +271,12 @@ class BareHandler:
 class Service:
     """The o41.sky client (its WebSocket, one connection per worker thread)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, compute: str = "bench") -> None:
         self.url = url
+        self.compute = compute
 
     def measure(self, name: str, n: int, op: Callable[[Client, int, int], object]) -> Measure:
-        clients = [Client(HttpTransport(self.url, token="bench"), "bench") for _ in range(n)]
+        clients = [Client(HttpTransport(self.url, token="bench"), self.compute) for _ in range(n)]
 
         def run(ops: int) -> Result:
             latencies: list[float] = []

@@ -19,7 +19,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -28,6 +28,7 @@ from o41 import sky
 from o41.client.collections import Client, Conflict, Consistency, Unavailable, ValueTooLarge
 from o41.state.etcd import EtcdStore
 from o41.state.memory import MemoryStore
+from o41.webhook.collections import routes
 from test_collections_support import ServiceThread
 from testbed.etcd import EtcdCluster
 
@@ -36,14 +37,24 @@ from support import wait_for
 CONSISTENCIES: list[Consistency] = ["strong", "eventual"]
 
 
-@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "memory-owners",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("etcd-owners", marks=pytest.mark.etcd),
+    ]
+)
 def service(request: pytest.FixtureRequest) -> Iterator[ServiceThread]:
-    if request.param == "memory":
+    """The service on either store; "-owners": with O41_COLLECTIONS_OWNERS=on (a replica
+    answers the strong reads of the dicts it owns from memory, issue 41)."""
+    if request.param.startswith("memory"):
         make: Callable[[], Any] = MemoryStore
     else:
         cluster: EtcdCluster = request.getfixturevalue("state_etcd")
         make = lambda: EtcdStore(cluster.endpoints, timeout=5)  # noqa: E731
-    running = ServiceThread(make).start()
+    owners: Literal["off", "on"] = "on" if request.param.endswith("-owners") else "off"
+    running = ServiceThread(make, routes.Options(owners=owners)).start()
     try:
         yield running
     finally:
@@ -576,7 +587,7 @@ def test_eventual_writes_reach_other_replicas(state_etcd: EtcdCluster, compute: 
 # linearizability of a concurrent history
 
 
-def test_concurrent_dict_history_is_linearizable(client: Client) -> None:
+def test_concurrent_dict_history_is_linearizable(client: Client, service: ServiceThread) -> None:
     keys = ["x", "y", "z"]
     history: list[Operation] = []
     lock = threading.Lock()
@@ -617,3 +628,6 @@ def test_concurrent_dict_history_is_linearizable(client: Client) -> None:
     run_threads(8, worker)
     assert len(history) == 8 * 40
     assert check_dict(history) == []
+    owned = service.engine.owned
+    if owned.campaign:  # the owner did answer strong reads from memory meanwhile
+        assert owned.stats.served > 0

@@ -42,7 +42,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from o41.collections import values
 from o41.collections.buffer import Buffer
@@ -72,6 +72,7 @@ from o41.collections.once import (
     load,
     operation_key,
 )
+from o41.collections.owners import OwnedStore
 from o41.collections.replica import Buffered, Changes, CounterPending, Replica
 from o41.state.base import (
     Compare,
@@ -119,8 +120,14 @@ class Engine:
         max_wait: float = 25.0,
         arrival_ttl: int = 15,
         idle: float = 120.0,
+        owners: Literal["off", "guard", "on"] = "off",
+        owner_ttl: int = 5,
     ) -> None:
-        self.store = store
+        # o41.collections.owners. "guard": every write to a dict's, set's or registry's
+        # entries carries the owner guard; "on": and this replica may own some (answering
+        # their strong reads from memory); "off": neither (no replica may be "on" then)
+        self.owned = OwnedStore(store, campaign=owners == "on", ttl=owner_ttl)
+        self.store: Store = store if owners == "off" else self.owned
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self.max_wait = max_wait
@@ -128,7 +135,7 @@ class Engine:
         self.idle = idle
         self.buffer: Buffer[Replica] = Buffer(max_buffer, max_batch, self._wake_flusher)
         self.stats = Stats()
-        self.memory = Memory(store)  # where operations with ids keep their first answers
+        self.memory = Memory(self.store)  # where operations with ids keep their first answers
         self.recent = Recent()  # eventual operations' first answers on this replica
         self._puts: Combiner[tuple[bytes, bytes, bytes | None], dict[str, Any]] = Combiner(
             self._put_batch, MAX_TXN_OPS, parallel=4, weight=_put_weight
@@ -136,7 +143,7 @@ class Engine:
         self._gets: Combiner[bytes, KeyValue | None] = Combiner(
             self._get_batch, MAX_TXN_OPS, parallel=4
         )
-        self.locks = Locks(store, max_wait, self.memory)
+        self.locks = Locks(self.store, max_wait, self.memory)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
         self._replicas: dict[bytes, Replica] = {}
@@ -306,7 +313,9 @@ class Engine:
         if consistency_arg(args) == "eventual":
             value = await self._replica(prefix + b"e/").lookup(key)
         else:
-            kv = await self._gets.submit(key)
+            served, kv = await self.owned.read(prefix + b"e/", key)
+            if not served:
+                kv = await self._gets.submit(key)
             value = None if kv is None else kv.value
         return {"found": value is not None, "value": value}
 
@@ -889,6 +898,7 @@ class Engine:
         await self.locks.drain(5.0)  # early lock releases still under way
         self._closed = True
         self.locks.close()
+        await self.owned.stop()  # its lease revoked: no replica waits for it
         for replica in self._replicas.values():
             if replica.task is not None:
                 replica.task.cancel()

@@ -46,6 +46,8 @@ def setup(app: web.Application, options: Options | None = None) -> None:
             max_batch=o.max_batch,
             max_buffer=o.max_buffer,
             max_wait=o.max_wait,
+            owners=o.owners,
+            owner_ttl=o.owner_ttl,
         )
         holder.quota = Quota(app[STORE], o.limits)
         telemetry.ENGINE.follow(holder.engine)

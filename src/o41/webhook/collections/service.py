@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 
@@ -25,6 +26,12 @@ class Options:
     max_batch: int = 100
     max_buffer: int = 10_000
     max_wait: float = 25.0
+    # the collections' owners (docs/collections.md, "Owners"): "off" (the default: no
+    # owner guard, nobody owns), "guard" (every write carries the guard: a rollout that
+    # leads from "off" to "on" goes through it, since a replica without the guard writes
+    # past an owner), "on" (the guard, and this replica may own collections)
+    owners: Literal["off", "guard", "on"] = "off"
+    owner_ttl: int = 5  # seconds: an owner's lease (a dead owner holds others' writes)
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
@@ -36,8 +43,19 @@ class Options:
             max_batch=int(env.get("O41_COLLECTIONS_MAX_BATCH", cls.max_batch)),
             max_buffer=int(env.get("O41_COLLECTIONS_MAX_BUFFER", cls.max_buffer)),
             max_wait=float(env.get("O41_COLLECTIONS_MAX_WAIT", cls.max_wait)),
+            owners=_owners(env.get("O41_COLLECTIONS_OWNERS", cls.owners)),
+            owner_ttl=int(env.get("O41_COLLECTIONS_OWNER_TTL", cls.owner_ttl)),
             limits=Limits.from_environment(env, limits),
         )
+
+
+def _owners(value: str) -> Literal["off", "guard", "on"]:
+    if value not in ("off", "guard", "on"):
+        raise ValueError(
+            f"O41_COLLECTIONS_OWNERS={value!r}: off, guard or on (from off to on, roll out "
+            "guard first: docs/collections.md, Owners)"
+        )
+    return value  # type: ignore[return-value]
 
 
 @dataclass
