@@ -168,6 +168,72 @@ def test_a_service_killed_and_restarted_mid_run_loses_no_write(
         assert got == path.read_bytes()
 
 
+def test_a_rolling_restart_of_two_replicas_and_an_etcd_leader_kill_lose_no_write(
+    world: World,
+    replica: PlacementProcess,
+    kube: Kube,
+    state_etcd: EtcdCluster,
+    tmp_path: Path,
+) -> None:
+    """A rollout: two replicas restarted one after the other (SIGTERM, as a Deployment
+    does, then SIGKILL of the second), the etcd leader killed between them, while writes
+    go to both: none fails, none is applied twice (each version reads back its bytes and
+    the artifact counts exactly the writes)."""
+    second = PlacementProcess(kube.kubeconfig, state_etcd.endpoints, tmp_path / "second").start()
+    env = environ(world)
+    artifact = f"rollout-{uuid.uuid4().hex[:6]}"
+    files = []
+    for i in range(WRITES):
+        path = tmp_path / f"w{i}"
+        path.write_bytes(os.urandom(16 * 1024))
+        files.append(path)
+    done_faults: list[str] = []
+
+    def roll() -> None:
+        assert replica.server is not None and second.server is not None
+        time.sleep(1.0)
+        replica.server.stop()  # SIGTERM: drains, then goes
+        replica.start()
+        done_faults.append("first replica restarted")
+        leader = state_etcd.leader()
+        state_etcd.kill(leader)
+        time.sleep(1.5)
+        state_etcd.restart(leader)
+        done_faults.append(f"etcd leader {leader} killed and restarted")
+        second.server.kill()
+        second.start()
+        done_faults.append("second replica SIGKILLed and restarted")
+
+    try:
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            futures = [
+                pool.submit(
+                    o41, world, (replica.url, second.url)[i % 2], "write", "--org", world.org,
+                    "--artifact", artifact, str(p), env=env,
+                )
+                for i, p in enumerate(files)
+            ]  # fmt: skip
+            roll()  # from this thread, which outlives the servers it starts
+            done = [f.result() for f in futures]
+    finally:
+        if second.server is not None:
+            second.server.stop()
+        state_etcd.wait_healthy()
+    failed = [d.stderr.strip().splitlines()[-1] for d in done if d.returncode != 0]
+    print(f"{WRITES} writes through {done_faults}: {len(failed)} failed")
+    assert len(done_faults) == 3
+    assert failed == [], failed
+    versions = [json.loads(d.stdout)["version"] for d in done]
+    assert len(set(versions)) == WRITES
+    for version, path in zip(versions, files, strict=True):
+        _, got = world.read(version, world.team_a, artifact=artifact)
+        assert got == path.read_bytes()
+    listed = world.o41("versions", "--org", world.org, "--artifact", artifact, "--json",
+                       token=world.team_a)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["versions"]) == WRITES  # each write once
+
+
 def test_the_stack_through_a_proxy_and_past_it(world: World, tmp_path: Path) -> None:
     data = os.urandom(3 * 1024 * 1024)
     path = tmp_path / "ckpt"
