@@ -12,6 +12,7 @@ client from before issue 39 beside it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ from testbed.product import PlacementProcess
 from testbed.proxy import ForwardProxy
 
 from fixtures.world import World
+from support import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -189,15 +191,24 @@ def test_a_rolling_restart_of_two_replicas_and_an_etcd_leader_kill_lose_no_write
         files.append(path)
     done_faults: list[str] = []
 
+    def began(service: PlacementProcess) -> bool:
+        log = service.directory / f"placement-{service.starts}.log"
+        return log.exists() and "POST /v1/writes " in log.read_text()
+
+    def new_leader(old: int) -> bool:
+        with contextlib.suppress(OSError, RuntimeError):
+            return state_etcd.leader() != old
+        return False
+
     def roll() -> None:
         assert replica.server is not None and second.server is not None
-        time.sleep(1.0)
+        wait_for(lambda: began(replica), 120, "writes to reach the first replica")
         replica.server.stop()  # SIGTERM: drains, then goes
         replica.start()
         done_faults.append("first replica restarted")
         leader = state_etcd.leader()
         state_etcd.kill(leader)
-        time.sleep(1.5)
+        wait_for(lambda: new_leader(leader), 30, "the other members to elect a leader")
         state_etcd.restart(leader)
         done_faults.append(f"etcd leader {leader} killed and restarted")
         second.server.kill()
