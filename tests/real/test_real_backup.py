@@ -50,7 +50,7 @@ from support import wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.kube]
 
-INTERVAL = "15s"
+INTERVAL = "5s"  # short: the test waits for two snapshots
 VOLUMES = 12  # four sets of claims: the install, two `helm upgrade`s, the restore's
 ETCD = f"{FULLNAME}-etcd"
 LOCATIONS = ("aws-us-east-1", "platform-backups")  # examples/location-s3.yaml's, the platform's
@@ -101,7 +101,7 @@ def backed_up(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
             "--create-namespace", "-f", str(directory / "values.yaml"),
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "Backups: an etcd snapshot every 15s" in done.stdout, done.stdout
+        assert f"Backups: an etcd snapshot every {INTERVAL}" in done.stdout, done.stdout
         installed = Installed(real_node, s3, directory)
         try:
             wait_for(lambda: all_ready(installed), 300, "the chart's pods to be Ready")
