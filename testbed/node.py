@@ -22,6 +22,7 @@ fixed names).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -740,7 +741,18 @@ def cleanup() -> list[str]:
     """Put the machine back as the record's snapshot found it, whatever state a run left:
     processes (by their recorded pids), the pods' processes and cgroups, mounts below the
     node's directory, the bridge, iptables rules and chains, sysctls, system directories.
-    Returns what still differs from the snapshot; removes the record when nothing does."""
+    Returns what still differs from the snapshot; removes the record when nothing does.
+
+    One clean-up at a time on the machine: a node that stops has no live process left
+    before its clean-up is done, so another session's ``node-clean`` (``make dev-down``)
+    may take it for a dead run's at that moment; it waits, then finds nothing to do."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with (STATE / "cleanup.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _cleanup()
+
+
+def _cleanup() -> list[str]:
     if not RECORD.exists():
         return []
     record = json.loads(RECORD.read_text())
@@ -772,7 +784,7 @@ def cleanup() -> list[str]:
     left += [f"still mounted: {p}" for p in stuck]
     left += [f"still running: containerd shim pid {pid}" for pid in shims(socket)]
     if not left:
-        RECORD.unlink()
+        RECORD.unlink(missing_ok=True)
     else:
         (directory / "teardown-leftovers.txt").write_text("\n".join(left) + "\n")
     return left

@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``make test`` runs the suite on two workers (``-n 2``): each test module goes
+    """``make test`` runs the suite on three workers (``-n 3``): each test module goes
     whole to one worker (its module-scoped fixtures, a world of Locations, start once),
     and every machine-wide test to the same one."""
     from xdist.scheduler import LoadScopeScheduling
