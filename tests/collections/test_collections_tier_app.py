@@ -10,10 +10,12 @@ import base64
 import uuid
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from o41.collections.keys import encode_key
 from o41.state.memory import MemoryStore
+from o41.webhook.__main__ import main
 from o41.webhook.http.settings import Settings
 from o41.webhook.identity import auth
 from o41.webhook.tier import make_collections_app
@@ -60,3 +62,19 @@ async def test_artifacts_routes_say_they_go_to_the_hub(aiohttp_client: Any) -> N
     ready = await client.get("/readyz")
     assert (ready.status, await ready.json()) == (200, {"status": "ready"})
     assert (await client.get("/metrics")).status == 200
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--collections-etcd", "http://127.0.0.1:1"], "--collections-etcd is for --serve all"),
+        (["--backup-organization", "platform"], "--backup-organization is for --serve all"),
+    ],
+)
+def test_the_tier_refuses_the_hubs_flags(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--serve", "collections", *flags])
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
