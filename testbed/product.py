@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import urllib.request
 from dataclasses import dataclass, field
@@ -229,6 +230,7 @@ class PlacementProcess(_Process):
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
     env: dict[str, str] = field(default_factory=dict)  # more environment (O41_OWN_ISSUER)
+    extra: tuple[str, ...] = ()  # more flags (--collections-etcd)
 
     @property
     def url(self) -> str:
@@ -254,9 +256,66 @@ class PlacementProcess(_Process):
                 NAMESPACE,
                 "--log-format",
                 self.log_format,
+                *self.extra,
             ],
             self.directory / f"placement-{self.starts}.log",
             env={**SAFE_ENV, **TRUST_ENV, **self.env},
         ).start()
         self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
+        return self
+
+
+@dataclass
+class TierProcess(_Process):
+    """``python -m o41.webhook --serve collections`` on loopback: a workload cluster's
+    collections tier (issue 40), its pods' tokens checked by that cluster's TokenReview
+    (``kubeconfig``, ``audience``), its state in its own etcd."""
+
+    kubeconfig: Path
+    etcd_endpoints: list[str]
+    directory: Path
+    audience: str = "o41"
+    port: int = field(default_factory=free_port)
+    server: Server | None = field(default=None, repr=False)
+    starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # O41_TLS_CERT_FILE/KEY_FILE: HTTPS
+    extra: tuple[str, ...] = ()  # more flags (--authentication none)
+    ca_file: Path | None = None  # the CA of its serving certificate, when HTTPS
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.env.get("O41_TLS_CERT_FILE") else "http"
+        return f"{scheme}://{LOOPBACK}:{self.port}"
+
+    def _ready(self) -> bool:
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        with urllib.request.urlopen(f"{self.url}/readyz", timeout=1, context=context) as r:  # noqa: S310 - our own loopback URL
+            return bool(r.status == 200)
+
+    def start(self) -> Self:
+        self.starts += 1
+        self.server = Server(
+            f"collections tier#{self.starts}",
+            [
+                sys.executable,
+                "-m",
+                "o41.webhook",
+                "--serve",
+                "collections",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+                "--etcd",
+                ",".join(self.etcd_endpoints),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--audience",
+                self.audience,
+                *self.extra,
+            ],
+            self.directory / f"tier-{self.starts}.log",
+            env={**SAFE_ENV, **self.env},
+        ).start()
+        self.server.wait_ready(self._ready, timeout=60)
         return self

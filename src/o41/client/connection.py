@@ -22,6 +22,8 @@ The environment, read by :class:`Connection` alone:
 ``O41_ARTIFACTS_CA_FILE``   the CA bundle of an ``https://`` service, when none is given
 ``O41_ARTIFACTS_RETRY_DEADLINE`` seconds a call is tried for when the service blinks
                             (default 300; 0: no retries), when no ``retry_deadline``
+``O41_COLLECTIONS_ENDPOINT``, this cluster's collections tier, its CA and token file: where
+``..._CA_FILE``, ``..._TOKEN_FILE`` ``sky.*`` goes (``o41.client.endpoints`` chooses)
 ``HTTPS_PROXY``, ...        the proxy (``HTTP_PROXY``, ``NO_PROXY``, lowercase too), as
                             requests reads them
 ========================== ==============================================================
@@ -98,6 +100,10 @@ class Connection:
     #: Whether a collection operation that is not idempotent sends an operation id (and
     #: is then retried as an idempotent one is): the service remembers them.
     operation_ids: bool = backoff.OPERATION_IDS
+    #: What an error calls the service, and the variable it says to check (a collections
+    #: tier's connection, ``o41.client.endpoints.TierConnection``, says its own).
+    service: str = "the placement service"
+    named_by: str = ENV_ENDPOINT
 
     def __init__(
         self,
@@ -270,8 +276,8 @@ class Connection:
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
                 raise TransportError(
-                    f"the placement service at {endpoint} did not answer: "
-                    f"{_why(e, read_timeout)}; check {ENV_ENDPOINT} and that the service "
+                    f"{self.service} at {endpoint} did not answer: "
+                    f"{_why(e, read_timeout)}; check {self.named_by} and that the service "
                     "runs, then retry"
                 ) from None
         finally:
@@ -304,8 +310,8 @@ class Connection:
             error.retryable = False
             return error
         return ConnectError(
-            f"cannot reach the placement service at {where}: {_why(e, self.connect_timeout)}; "
-            f"check {ENV_ENDPOINT} and that the service runs, then retry"
+            f"cannot reach {self.service} at {where}: {_why(e, self.connect_timeout)}; "
+            f"check {self.named_by} and that the service runs, then retry"
         )
 
 
