@@ -23,8 +23,10 @@ of every round's requests pooled, and how many operations the flood made a secon
 instead of the measured one: what the etcd alone carries over, without the replica's own
 CPU shared with the flood.
 
-Printed: each phase's p50/p99, the ratios flood/quiet for each layout, apart/shared under
-flood, the load average at the start and the end. The flood's hub has no rate limit
+Printed: each phase's p50/p99, the flood's rate, the CPU (in cores, from /proc) the
+index's etcd, the collections' etcd and the measured hub spent during it; the ratios
+flood/quiet for each layout, apart/shared under flood; the load average at the start and
+the end. The flood's hub has no rate limit
 (``O41_COLLECTIONS_RATE_OPS=0``): one token's 5,000 a second would otherwise cap it.
 
 The machine is the limit of what this shows: the etcds, the hubs, the flood and the
@@ -32,8 +34,8 @@ writers share the same cores, so a flood takes CPU from the index's etcd whichev
 writes to; what an etcd apart removes is the flood's share of the index's Raft log, its
 disk (none here: ``--unsafe-no-fsync``) and its leader's queue.
 
-    PYTHONPATH=src:. .venv/bin/python bench/collections_isolation.py [--seconds 8]
-        [--rounds 3] [--writers 4] [--flood-workers 16] [--flood-via same|replica]
+    PYTHONPATH=src:. .venv/bin/python bench/collections_isolation.py [--seconds 6]
+        [--rounds 5] [--writers 4] [--flood-workers 16] [--flood-via same|replica]
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 import aiohttp  # noqa: E402
 
 from bench.collections_tier import TREE_ENV, client  # noqa: E402
+from bench.owners import cpu_seconds  # noqa: E402
 from bench.sky_collections import Result  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.kube import ControlPlane, apply, bin_dir, kubectl, service_account_token  # noqa: E402
@@ -221,8 +224,8 @@ async def writes(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=8.0, help="of each phase")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0, help="of each phase")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--writers", type=int, default=4, help="concurrent begin/commit loops")
     parser.add_argument("--flood-workers", type=int, default=16)
     parser.add_argument("--flood-via", choices=["same", "replica"], default="same")
@@ -305,6 +308,13 @@ def main() -> int:
         pooled: dict[tuple[str, str], list[tuple[list[float], list[float], int]]] = {}
         rates: dict[str, list[float]] = {layout: [] for layout in layouts}
         load_start = os.getloadavg()
+        # CPU seconds spent during each phase by: the index's etcd (3 members), the
+        # collections' etcd apart, the measured hub
+        groups = {
+            "index etcd": [m.pid for m in index.members],
+            "collections etcd": [m.pid for m in apart.members],
+        }
+        cpu: dict[tuple[str, str], dict[str, float]] = {}
         for r in range(args.rounds):
             order = phases[r % len(phases) :] + phases[: r % len(phases)]
             for q, layout in order:
@@ -314,8 +324,19 @@ def main() -> int:
                     running = Flood(
                         flooded[layout].url, token, args.flood_workers, args.seconds + 0.5
                     )
+                measured_hub = hubs[layout].server
+                assert measured_hub is not None
+                pids = {**groups, "hub": [measured_hub.pid]}
+                spent = {name: sum(cpu_seconds(p) for p in found) for name, found in pids.items()}
+                started = time.monotonic()
                 try:
                     measured = asyncio.run(writes(url, token, args.writers, args.seconds))
+                    took = time.monotonic() - started
+                    acc = cpu.setdefault((q, layout), {"seconds": 0.0})
+                    acc["seconds"] += took
+                    for name, found in pids.items():
+                        now = sum(cpu_seconds(p) for p in found)
+                        acc[name] = acc.get(name, 0.0) + now - spent[name]
                     if running is not None:
                         done = running.result(timeout=60)
                         rates[layout].append(done["ops"] / done["seconds"])
@@ -340,13 +361,14 @@ def main() -> int:
 
             shutil.rmtree(work, ignore_errors=True)
 
-    report(pooled, rates, args, load_start, load_end)
+    report(pooled, rates, cpu, args, load_start, load_end)
     return 0
 
 
 def report(
     pooled: dict[tuple[str, str], list[tuple[list[float], list[float], int]]],
     rates: dict[str, list[float]],
+    cpu: dict[tuple[str, str], dict[str, float]],
     args: argparse.Namespace,
     load_start: tuple[float, float, float],
     load_end: tuple[float, float, float],
@@ -364,8 +386,11 @@ def report(
         f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end"
     )
     print()
-    print("| phase | begin p50 / p99 | commit p50 / p99 | writes | flood ops/s |")
-    print("|---|---|---|---|---|")
+    print(
+        "| phase | begin p50 / p99 | commit p50 / p99 | writes | flood ops/s | CPU (cores): "
+        "index etcd / collections etcd / hub |"
+    )
+    print("|---|---|---|---|---|---|")
     for q in ("quiet", "flood"):
         for layout in ("shared", "apart"):
             key = (q, layout)
@@ -381,7 +406,12 @@ def report(
                 f"| {q}, {where} | {b.p50:.2f} / {b.pct(99):.2f} ms | {c.p50:.2f} / "
                 f"{c.pct(99):.2f} ms | {len(c.latencies)}"
                 + (f" ({failed} failed)" if failed else "")
-                + f" | {flood_rate} |"
+                + f" | {flood_rate} | "
+                + " / ".join(
+                    f"{cpu[key][name] / cpu[key]['seconds']:.2f}"
+                    for name in ("index etcd", "collections etcd", "hub")
+                )
+                + " |"
             )
     print()
     for layout in ("shared", "apart"):
