@@ -181,6 +181,12 @@ def test_a_pod_of_b_uses_its_tier_for_collections_and_the_hub_for_artifacts(
         status.stdout.splitlines()[2],
     ]
     assert status.stdout.splitlines()[2].startswith("  reached: namespace 'ml' holds ")
+    refused = run(
+        [sys.executable, "-m", "o41.cli", "status"],
+        {**env, "O41_COLLECTIONS_TOKEN_FILE": str(hub.token("ml"))},
+    )  # a token of cluster A for B's tier: said so
+    assert refused.returncode == 1
+    assert refused.stdout.splitlines()[2].startswith("  refused (401): the token was not ")
     # the collections are in B's tier, and nothing of them reached the hub
     assert counter(tier.url, token, compute, "steps") == 3
     assert counter(hub.service.url, token, compute, "steps") == 0
