@@ -422,6 +422,19 @@ def report(
             f"{flood_b.pct(99) / quiet_b.pct(99):.2f}x; commit p50 "
             f"{flood_c.p50 / quiet_c.p50:.2f}x, p99 {flood_c.pct(99) / quiet_c.pct(99):.2f}x"
         )
+
+    def p50s(key: tuple[str, str], which: int) -> str:
+        found = [part[0] if which == 0 else part[1] for part in pooled[key]]
+        return "/".join(f"{Result('', 1, x, 1.0).p50:.0f}" if x else "-" for x in found)
+
+    print(
+        "round by round, p50 ms (begin; commit): "
+        + ", ".join(
+            f"{q}/{layout} {p50s((q, layout), 0)}; {p50s((q, layout), 1)}"
+            for q in ("quiet", "flood")
+            for layout in ("shared", "apart")
+        )
+    )
     shared_b, apart_b = result(("flood", "shared"), 0), result(("flood", "apart"), 0)
     shared_c, apart_c = result(("flood", "shared"), 1), result(("flood", "apart"), 1)
     print(
