@@ -165,5 +165,8 @@ def test_an_https_tier_is_checked_with_its_ca_else_the_hubs(
     assert Client.from_environment().counter("steps").add(1) == 3
 
     clean.setenv("O41_COLLECTIONS_CA_FILE", str(stranger.cert_path))
-    with pytest.raises(Unavailable, match="certificate verify failed"):
+    with pytest.raises(Unavailable, match="certificate verify failed") as refused:
         Client.from_environment().counter("steps").add(1)
+    said = str(refused.value)
+    assert f"the collections tier at {tier.url} has a certificate that " in said
+    assert f"O41_COLLECTIONS_CA_FILE={stranger.cert_path} does not vouch for" in said

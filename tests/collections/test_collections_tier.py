@@ -344,3 +344,24 @@ def test_collections_etcd_puts_the_hubs_collections_apart_from_its_index(
         service.stop()
         apart.stop()
         index.stop()
+
+
+def test_the_tier_speaks_tls_to_its_etcd(state_etcd_tls: EtcdCluster, tmp_path: Path) -> None:
+    """Its etcd over TLS with a client certificate (the O41_ETCD_* files, as the hub's)."""
+    process = TierProcess(
+        tmp_path / "no-kubeconfig",
+        state_etcd_tls.endpoints,
+        tmp_path,
+        env=state_etcd_tls.client_tls.environment(),
+        extra=("--authentication", "none"),  # no cluster needed: the store is the point
+    )
+    process.start()
+    try:
+        compute = f"tls-{uuid.uuid4().hex[:6]}"
+        path = f"/v1/collections/{compute}/counter/steps"
+        status, answer = call(process.url, f"{path}/add", {"n": 3})
+        assert status == 200, answer
+        status, answer = call(process.url, f"{path}/get", {})
+        assert (status, answer["value"]) == (200, 3)
+    finally:
+        process.stop()
