@@ -312,6 +312,13 @@ class ControlPlane:
                     f"--service-cluster-ip-range={SERVICE_CIDR}",
                     "--leader-elect=false",
                     "--use-service-account-credentials=false",
+                    # kwok's heartbeats (and the real node's kubelet) stall for a minute at
+                    # load 15+ on a shared machine: with the default 50 s, every pod of a
+                    # node was marked not Ready and stayed so (kwok does not mark them
+                    # again). No test is about a node going away: they stop pods and
+                    # processes themselves.
+                    "--node-monitor-grace-period=10m",
+                    "--node-startup-grace-period=10m",
                     "--v=1",
                 ],
                 self.directory / "kube-controller-manager.log",
