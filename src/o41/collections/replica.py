@@ -111,19 +111,34 @@ class Replica:
         if current is None or current.mod_revision < kv.mod_revision:
             if event.kind == "put":
                 self.mirror[kv.key] = kv
+                if kv.create_revision == kv.mod_revision:
+                    self._created(kv)
             elif current is not None:
                 del self.mirror[kv.key]
                 self.ranks.pop(kv.key, None)
         self.revision = max(self.revision, kv.mod_revision)
         self._prune()
 
+    def _created(self, kv: KeyValue) -> None:
+        """``kv``'s key was created at its revision while this replica has a write of it:
+        its rank among the keys of that transaction is the order it was written in. The
+        watch says so even of a write whose answer never came (in doubt, sent again), whose
+        second transaction's revision is not the key's create revision."""
+        pending = self.overlay.get(kv.key)
+        if pending is not None and pending.value is not None:
+            self.ranks[kv.key] = (kv.create_revision, pending.order)
+
     def written(self, revision: int, writes: list[tuple[bytes, Buffered]]) -> None:
         """The engine wrote these buffered writes at ``revision``: each is dropped from the
-        overlay once the copy has seen that revision (and it was not written again)."""
+        overlay once the copy has seen that revision (and it was not written again). A put
+        ranks its key only if it has no rank yet: a new value of a key keeps the rank of
+        its creation, as a dict keeps the place of a key set again."""
         for key, pending in writes:
             pending.flushed_at = revision
-            if pending.value is not None:
-                self.ranks[key] = (revision, pending.order)
+            if pending.value is None:
+                self.ranks.pop(key, None)
+            else:
+                self.ranks.setdefault(key, (revision, pending.order))
             self.unseen.append((revision, key, pending.seq))
         self._prune()
 
