@@ -9,6 +9,7 @@ plane) and tests/real/test_real_remote_tier.py's (real pods)."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -18,7 +19,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from test_chart import KUBE_VERSION, run_helm
+from test_chart import KUBE_VERSION, NAMESPACE, run_helm
+from test_chart_hygiene import REMOTE as REMOTE_ROW
+from test_chart_hygiene import Finding, _explain, checkov, documented, kube_score
 from test_chart_remote import HUB, REMOTE
 
 Doc = dict[str, Any]
@@ -345,3 +348,33 @@ def test_lint_and_the_enabled_render_match_the_kubernetes_1_37_schemas(
 def test_bad_tier_values_are_refused_with_their_path(sets: tuple[str, ...], said: str) -> None:
     done = run_helm("template", "w", str(REMOTE), *ON, *[a for s in sets for a in ("--set", s)])
     assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+def remote_findings(found: set[Finding]) -> set[Finding]:
+    """The checkers' findings with the table's names of the remote chart's objects."""
+    return {(tool, check, REMOTE_ROW + obj.removeprefix("w-o41-remote-"), what)
+            for tool, check, obj, what in found}  # fmt: skip
+
+
+def enabled_manifest(tmp_path: Path) -> Path:
+    done = run_helm("template", "w", str(REMOTE), "--namespace", NAMESPACE, *ON)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "remote.yaml"
+    out.write_text(done.stdout)
+    return out
+
+
+def test_kube_score_and_checkov_find_nothing_undocumented_in_the_tier(tmp_path: Path) -> None:
+    """docs/chart.md's hygiene table holds the remote chart's rows too (objects
+    remote-collections, remote-etcd): the same choices as the hub chart's."""
+    allowed, fixed = documented()
+    manifest = enabled_manifest(tmp_path)
+    found = remote_findings(kube_score(manifest))
+    mine = {f for f in allowed if f[0] == "kube-score" and f[2].startswith(REMOTE_ROW)}
+    assert found == mine, _explain(found - mine, mine - found)
+    found_checkov, attempts = checkov(manifest, tmp_path)
+    assert attempts == [], attempts
+    found = remote_findings(found_checkov)
+    mine = {f for f in allowed if f[0] == "checkov" and f[2].startswith(REMOTE_ROW)}
+    assert found == mine, _explain(found - mine, mine - found)
+    assert not found & fixed
