@@ -229,6 +229,7 @@ class PlacementProcess(_Process):
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
     env: dict[str, str] = field(default_factory=dict)  # more environment (O41_OWN_ISSUER)
+    extra: tuple[str, ...] = ()  # more flags (--collections-etcd)
 
     @property
     def url(self) -> str:
@@ -254,9 +255,57 @@ class PlacementProcess(_Process):
                 NAMESPACE,
                 "--log-format",
                 self.log_format,
+                *self.extra,
             ],
             self.directory / f"placement-{self.starts}.log",
             env={**SAFE_ENV, **TRUST_ENV, **self.env},
+        ).start()
+        self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
+        return self
+
+
+@dataclass
+class TierProcess(_Process):
+    """``python -m o41.webhook --serve collections`` on loopback: a workload cluster's
+    collections tier (issue 40), its pods' tokens checked by that cluster's TokenReview
+    (``kubeconfig``, ``audience``), its state in its own etcd."""
+
+    kubeconfig: Path
+    etcd_endpoints: list[str]
+    directory: Path
+    audience: str = "o41"
+    port: int = field(default_factory=free_port)
+    server: Server | None = field(default=None, repr=False)
+    starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> Self:
+        self.starts += 1
+        self.server = Server(
+            f"collections tier#{self.starts}",
+            [
+                sys.executable,
+                "-m",
+                "o41.webhook",
+                "--serve",
+                "collections",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.port),
+                "--etcd",
+                ",".join(self.etcd_endpoints),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--audience",
+                self.audience,
+            ],
+            self.directory / f"tier-{self.starts}.log",
+            env={**SAFE_ENV, **self.env},
         ).start()
         self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
         return self

@@ -14,11 +14,14 @@
 ``consistency="strong"`` (the default) or ``"eventual"``. A compute is the pods of one job;
 collections are shared by the compute's pods and private to its namespace.
 
-In a pod, calls go to the placement service at ``$O41_ARTIFACTS_ENDPOINT`` with the pod's
-ServiceAccount token; the compute comes from ``$O41_COMPUTE`` or the pod's Job (see
-:func:`o41.client.collections.compute_from_environment`). Without
-``$O41_ARTIFACTS_ENDPOINT`` the collections are embedded in the process (same API and
-semantics, one replica): laptops, tests and demos. An artifacts client's connection serves
+In a pod, calls go to this cluster's collections tier at ``$O41_COLLECTIONS_ENDPOINT``
+when the cluster has one (near the job), else to the placement service (the hub) at
+``$O41_ARTIFACTS_ENDPOINT``, with the pod's ServiceAccount token
+(:mod:`o41.client.endpoints`; ``o41 status`` says which); the compute comes from
+``$O41_COMPUTE`` or the pod's Job (see
+:func:`o41.client.collections.compute_from_environment`). With neither variable the
+collections are embedded in the process (same API and semantics, one replica): laptops,
+tests and demos. An artifacts client's connection serves
 the collections too: ``sky.configure(artifacts.Client(...).collections)``, or
 ``sky.configure(sky.Client.over(connection))``.
 

@@ -21,6 +21,13 @@ check 5s ago``::
 ``o41.cli`` builds every group's parser whatever the command, ``o41 write`` on the light
 install too, so the Kubernetes client and the custom resources' models are imported when
 the organization is read, not with this module.
+
+Without an organization, ``o41 status`` says where this pod's calls go (the client's
+environment, ``o41.client.endpoints``) and whether the collections' endpoint answers::
+
+    artifacts: https://o41.hub.example:8443 (the hub, $O41_ARTIFACTS_ENDPOINT)
+    collections: http://tier.o41:80 (this cluster's collections tier, $O41_COLLECTIONS_ENDPOINT)
+      reached: namespace 'ml' holds 3 entries, 211 bytes
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from o41.cli.common import Subcommands, fail
 
 #: Where the operator posts Events about Locations and Organizations (cluster-scoped).
 EVENTS_NAMESPACE = "default"
+PROBE_TIMEOUT = 10.0  # seconds the collections' endpoint has to answer ``o41 status``
 WARNINGS = 10
 
 Body = Mapping[str, Any]
@@ -208,7 +216,42 @@ def read(organization: str, kubeconfig: str | None = None, context: str | None =
         api.close()
 
 
+def endpoints() -> tuple[list[str], bool]:
+    """What ``o41 status`` says without an organization, as a pod sees it: where its
+    artifacts and its collections go and why, and whether the collections' endpoint
+    answered one cheap call (its namespace's usage: it also says which tenant the token
+    is); with whether it did (True when there is nothing to reach)."""
+    from o41.client.connection import ENV_ENDPOINT, Connection
+    from o41.client.endpoints import collections_route
+    from o41.client.errors import O41Error
+
+    hub = Connection().endpoint
+    lines = [
+        f"artifacts: {hub} (the hub, ${ENV_ENDPOINT})"
+        if hub
+        else f"artifacts: no endpoint (${ENV_ENDPOINT} is not set)"
+    ]
+    route = collections_route(timeout=PROBE_TIMEOUT, retry_deadline=0)
+    lines.append(route.described())
+    if route.connection is None:
+        return lines, True
+    try:
+        usage = route.connection.request("GET", "/v1/collections/usage")
+    except O41Error as e:
+        lines.append(f"  not reached: {e}")
+        return lines, False
+    lines.append(
+        f"  reached: namespace {usage.get('namespace')!r} holds {usage.get('entries')} "
+        f"entries, {usage.get('bytes')} bytes"
+    )
+    return lines, True
+
+
 def _status(args: argparse.Namespace) -> int:
+    if args.organization is None:
+        lines, reached = endpoints()
+        print("\n".join(lines))
+        return 0 if reached else 1
     try:
         snapshot = read(args.organization, args.kubeconfig, args.context)
     except StatusError as e:
@@ -221,12 +264,22 @@ def add(sub: Subcommands) -> None:
     """``status``."""
     status = sub.add_parser(
         "status",
-        help="an organization at a glance: fallback, defaults, its Locations, warnings",
+        help="an organization at a glance: fallback, defaults, its Locations, warnings; "
+        "without one, where this pod's artifacts and collections go",
         description="Read an Organization, its Locations and their last warning Events "
         "from the Kubernetes API (the kubeconfig of kubectl: $KUBECONFIG or ~/.kube/config) "
-        "and print them. Also a kubectl plugin: kubectl o41 status ORGANIZATION.",
+        "and print them. Also a kubectl plugin: kubectl o41 status ORGANIZATION. Without "
+        "an organization, in a pod: where its artifacts and collections go (this cluster's "
+        "collections tier, the hub, or embedded), why, and whether the collections' "
+        "endpoint answers (exit status 1 when it does not).",
     )
-    status.add_argument("organization", metavar="ORGANIZATION", help="the Organization")
+    status.add_argument(
+        "organization",
+        metavar="ORGANIZATION",
+        nargs="?",
+        default=None,
+        help="the Organization (none: this pod's endpoints)",
+    )
     status.add_argument("--kubeconfig", help="the kubeconfig (default: kubectl's)")
     status.add_argument("--context", help="the kubeconfig's context (default: its current)")
     status.set_defaults(handler=_status)

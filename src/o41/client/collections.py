@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from o41.client.connection import Connection
+from o41.client.endpoints import collections_route
 from o41.client.errors import (
     CollectionError,
     Conflict,
@@ -551,11 +552,12 @@ class Client:
 
     @classmethod
     def from_environment(cls) -> Client:
-        """The placement service at ``$O41_ARTIFACTS_ENDPOINT`` with the pod's token, for
-        the compute of this pod; without that variable, collections embedded in this
-        process."""
-        connection = Connection()
-        if connection.endpoint:
+        """The collections of this pod's compute where the environment says
+        (:func:`o41.client.endpoints.collections_route`): this cluster's collections tier
+        at ``$O41_COLLECTIONS_ENDPOINT``, else the hub at ``$O41_ARTIFACTS_ENDPOINT``, with
+        the pod's token; with neither, embedded in this process."""
+        connection = collections_route().connection
+        if connection is not None:
             return cls.over(connection)
         return cls(EmbeddedTransport(), compute_from_environment())
 

@@ -22,6 +22,8 @@ The environment, read by :class:`Connection` alone:
 ``O41_ARTIFACTS_CA_FILE``   the CA bundle of an ``https://`` service, when none is given
 ``O41_ARTIFACTS_RETRY_DEADLINE`` seconds a call is tried for when the service blinks
                             (default 300; 0: no retries), when no ``retry_deadline``
+``O41_COLLECTIONS_ENDPOINT``, this cluster's collections tier, its CA and token file: where
+``..._CA_FILE``, ``..._TOKEN_FILE`` ``sky.*`` goes (``o41.client.endpoints`` chooses)
 ``HTTPS_PROXY``, ...        the proxy (``HTTP_PROXY``, ``NO_PROXY``, lowercase too), as
                             requests reads them
 ========================== ==============================================================
@@ -90,6 +92,8 @@ class Connection:
     ``connect_timeout``: seconds to connect (default 10). ``retry_deadline``: seconds a
     call is tried for while the service cannot answer (default
     ``$O41_ARTIFACTS_RETRY_DEADLINE``, else 300; 0: no retries; ``o41.client.backoff``).
+    ``service`` and ``named_by``: what an error calls the service and the variable it says
+    to check (a collections tier's: ``o41.client.endpoints``).
 
     :attr:`operation_ids` (``backoff.OPERATION_IDS``): whether the collection operations
     that are not idempotent send an operation id, and so may be retried.
@@ -110,7 +114,10 @@ class Connection:
         timeout: float | None = None,
         connect_timeout: float | None = None,
         retry_deadline: float | None = None,
+        service: str = "the placement service",
+        named_by: str = ENV_ENDPOINT,
     ) -> None:
+        self.service, self.named_by = service, named_by
         endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
         self.endpoint: str | None = endpoint.rstrip("/") if endpoint else None
         named = token_file or os.environ.get(ENV_TOKEN_FILE)
@@ -270,8 +277,8 @@ class Connection:
                 raw = resp.read()
             except (OSError, http.client.HTTPException) as e:
                 raise TransportError(
-                    f"the placement service at {endpoint} did not answer: "
-                    f"{_why(e, read_timeout)}; check {ENV_ENDPOINT} and that the service "
+                    f"{self.service} at {endpoint} did not answer: "
+                    f"{_why(e, read_timeout)}; check {self.named_by} and that the service "
                     "runs, then retry"
                 ) from None
         finally:
@@ -304,8 +311,8 @@ class Connection:
             error.retryable = False
             return error
         return ConnectError(
-            f"cannot reach the placement service at {where}: {_why(e, self.connect_timeout)}; "
-            f"check {ENV_ENDPOINT} and that the service runs, then retry"
+            f"cannot reach {self.service} at {where}: {_why(e, self.connect_timeout)}; "
+            f"check {self.named_by} and that the service runs, then retry"
         )
 
 

@@ -1,8 +1,11 @@
 """``python -m o41.webhook``: serve the placement service.
 
-Listens on 127.0.0.1 unless told otherwise; the chart passes ``--host 0.0.0.0``. HTTPS on
-``--port`` when O41_TLS_CERT_FILE and O41_TLS_KEY_FILE are set (renewed files are taken
-without a restart); ``--metrics-port`` stays plain HTTP.
+``--serve all`` (the default): the whole service, the hub. ``--serve collections``: the
+collections tier of a workload cluster (``o41.webhook.tier``): the collections alone, on
+``--etcd``, for this cluster's pods by TokenReview; it needs RBAC to create tokenreviews
+and nothing else. Listens on 127.0.0.1 unless told otherwise; the chart passes ``--host
+0.0.0.0``. HTTPS on ``--port`` when O41_TLS_CERT_FILE and O41_TLS_KEY_FILE are set
+(renewed files are taken without a restart); ``--metrics-port`` stays plain HTTP.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from o41.core.addresses import ALLOW_ENV, parse_networks
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m o41.webhook", description=__doc__)
+    parser.add_argument(
+        "--serve",
+        choices=["all", "collections"],
+        default="all",
+        help="all: the placement service (the hub); collections: this cluster's collections "
+        "tier, the collections alone on --etcd, for this cluster's pods (no artifacts)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
@@ -34,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("O41_ETCD_ENDPOINTS", ""),
         help="comma-separated etcd client URLs; empty: the embedded single-replica store. "
         "https:// URLs: TLS, with O41_ETCD_CA_FILE, O41_ETCD_CERT_FILE and O41_ETCD_KEY_FILE",
+    )
+    parser.add_argument(
+        "--collections-etcd",
+        default=os.environ.get("O41_COLLECTIONS_ETCD_ENDPOINTS", ""),
+        help="--serve all: comma-separated etcd client URLs the collections use apart from "
+        "the index's --etcd (same O41_ETCD_* TLS files), so a job flooding its collections "
+        "does not load the index's etcd; empty: the collections share --etcd",
     )
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument(
@@ -117,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from o41.state import store_settings
     from o41.webhook.app import Settings, make_app
     from o41.webhook.http.tls import Reloading, ServingTls
+    from o41.webhook.tier import make_collections_app
 
     if args.usage_hourly_days < 2:
         parser.error("--usage-hourly-days must be at least 2 (the usage page's 24 h window)")
@@ -126,8 +144,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--retention-interval must be at least 10 seconds")
     if not args.backup_interval >= 1 or args.backup_keep < 1:
         parser.error("--backup-interval must be at least 1 second and --backup-keep at least 1")
+    if args.serve == "collections" and args.collections_etcd:
+        parser.error(
+            "--collections-etcd is for --serve all: a collections tier keeps its collections "
+            "in --etcd"
+        )
+    if args.serve == "collections" and args.backup_organization:
+        parser.error(
+            "--backup-organization is for --serve all: a collections tier takes no "
+            "snapshots (it has no location to keep them in)"
+        )
     try:
         endpoints, tls = store_settings(args.etcd, os.environ)
+        collections_endpoints = (
+            store_settings(args.collections_etcd, os.environ)[0] if args.collections_etcd else []
+        )
         serving = ServingTls.from_environment(os.environ)
         allowed = parse_networks(args.trust_allowed_networks)
     except ValueError as e:
@@ -135,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         etcd_endpoints=endpoints,
         etcd_tls=tls,
+        collections_etcd_endpoints=collections_endpoints,
         kubeconfig=args.kubeconfig,
         secrets_namespace=args.secrets_namespace,
         authentication=args.authentication,
@@ -152,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         own_issuer=args.own_issuer,
         trust_allowed=allowed,
     )
+    app = make_collections_app(settings) if args.serve == "collections" else make_app(settings)
     web.run_app(
-        make_app(settings),
+        app,
         host=args.host,
         port=args.port,
         ssl_context=Reloading(serving).base if serving else None,

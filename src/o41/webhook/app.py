@@ -28,7 +28,7 @@ from o41.webhook.directories import routes as directories_routes
 from o41.webhook.health import healthz, readyz, until_synced
 from o41.webhook.http import errors, request_ids
 from o41.webhook.http.settings import SETTINGS, Settings
-from o41.webhook.http.store import STORE
+from o41.webhook.http.store import COLLECTIONS_STORE, STORE
 from o41.webhook.identity import auth
 from o41.webhook.ledger import MANIFESTS, Manifests
 from o41.webhook.retention import retaining
@@ -98,6 +98,18 @@ def state_store(given: Store | None) -> Any:
             await store.close()
 
     return context
+
+
+async def collections_store(app: web.Application) -> AsyncIterator[None]:
+    """The collections' etcd apart from the index's (``--collections-etcd``): a job that
+    floods its collections loads that one, not the one every commit and read needs."""
+    settings = app[SETTINGS]
+    store = open_store(
+        settings.collections_etcd_endpoints, timeout=settings.store_timeout, tls=settings.etcd_tls
+    )
+    app[COLLECTIONS_STORE] = telemetry.instrumented(store)
+    yield
+    await store.close()
 
 
 async def cluster_view(app: web.Application) -> AsyncIterator[None]:
@@ -216,6 +228,8 @@ def make_app(
         app.add_routes(metrics.routes)
     else:  # the TLS port is the exposed one, and /metrics names every organization
         log.warning("/metrics is not served: the API port is TLS (exposed); use --metrics-port")
+    if settings.collections_etcd_endpoints:
+        app.cleanup_ctx.append(collections_store)  # before the collections start on it
     collections.setup(app)
     return app
 

@@ -16,15 +16,16 @@ from o41.webhook.collections import websocket
 from o41.webhook.collections.operations import ROUTE, USAGE_ROUTE, handle, usage
 from o41.webhook.collections.quota import Quota
 from o41.webhook.collections.service import COLLECTIONS, Collections, Options
-from o41.webhook.http.store import STORE
+from o41.webhook.http.store import COLLECTIONS_STORE, STORE
 
 __all__ = ["COLLECTIONS", "Options", "setup"]
 
 
 def setup(app: web.Application, options: Options | None = None) -> None:
-    """Add the collections' routes to ``app``; its state store is ``app[STORE]`` once
-    started. On shutdown, buffered eventual writes are written out before the store closes
-    (the app's earlier cleanup contexts close after this one)."""
+    """Add the collections' routes to ``app``; their state store, once started, is
+    ``app[COLLECTIONS_STORE]`` when the app has one apart (the hub's ``--collections-etcd``),
+    else ``app[STORE]``. On shutdown, buffered eventual writes are written out before the
+    store closes (the app's earlier cleanup contexts close after this one)."""
     holder = Collections(options or Options.from_environment())
     app[COLLECTIONS] = holder
     app.router.add_post(ROUTE, handle)
@@ -40,8 +41,9 @@ def setup(app: web.Application, options: Options | None = None) -> None:
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         o = holder.options
+        store = app[COLLECTIONS_STORE] if COLLECTIONS_STORE in app else app[STORE]
         holder.engine = Engine(
-            app[STORE],
+            store,
             flush_interval=o.flush_interval,
             max_batch=o.max_batch,
             max_buffer=o.max_buffer,
@@ -49,7 +51,7 @@ def setup(app: web.Application, options: Options | None = None) -> None:
             owners=o.owners,
             owner_ttl=o.owner_ttl,
         )
-        holder.quota = Quota(app[STORE], o.limits)
+        holder.quota = Quota(store, o.limits)
         telemetry.ENGINE.follow(holder.engine)
         loop = asyncio.get_running_loop()
         sweeper = loop.create_task(websocket.close_idle(holder))

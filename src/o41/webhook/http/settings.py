@@ -16,6 +16,9 @@ from o41.webhook.http.tls import ServingTls
 class Settings:
     etcd_endpoints: list[str] = field(default_factory=list)  # empty: the embedded store
     etcd_tls: EtcdTls | None = None  # for https:// endpoints
+    # the collections' own etcd in the full service (--collections-etcd; the same TLS
+    # files); empty: the collections share the index's store, as before issue 40
+    collections_etcd_endpoints: list[str] = field(default_factory=list)
     kubeconfig: str | None = None  # None: in-cluster, else $KUBECONFIG
     secrets_namespace: str = "o41-system"
     authentication: Literal["tokenreview", "none"] = "tokenreview"

@@ -220,8 +220,14 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/metrics", "/
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def middleware(reviewer: TokenReviewer, *, required: bool = True) -> Any:
-    """Authenticate every request but the public ones; 401 with what to do otherwise."""
+NOT_ACCEPTED = "the token was not accepted: use a current ServiceAccount token of this cluster"
+
+
+def middleware(
+    reviewer: TokenReviewer, *, required: bool = True, not_accepted: str = NOT_ACCEPTED
+) -> Any:
+    """Authenticate every request but the public ones; 401 with what to do otherwise
+    (``not_accepted``: what a token the reviewer did not accept is told)."""
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -237,10 +243,7 @@ def middleware(reviewer: TokenReviewer, *, required: bool = True) -> Any:
             )
         found = await review(reviewer, token)
         if found is None:
-            raise problem(
-                401,
-                "the token was not accepted: use a current ServiceAccount token of this cluster",
-            )
+            raise problem(401, not_accepted)
         request[CALLER] = found
         request[CREDENTIAL] = Credential(token, reviewer)
         return await handler(request)
