@@ -103,7 +103,7 @@ def test_off_by_default_the_render_is_byte_for_byte_what_it_was() -> None:
     assert template("--set", f"hub.endpoint={HUB}") == before
     assert template("--set", f"hub.endpoint={HUB}", "--set", "collections.enabled=false") == before
     with_discovery = template("--set", f"hub.endpoint={HUB}", "--set", "publicIssuerDiscovery=true")
-    assert with_discovery == BEFORE_DISCOVERY.format(version=VERSION) + before
+    assert with_discovery == before + BEFORE_DISCOVERY.format(version=VERSION)
 
 
 def test_enabled_it_renders_the_tier_its_etcd_and_the_endpoint_for_pods() -> None:

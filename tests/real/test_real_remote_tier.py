@@ -123,8 +123,12 @@ class Tier:
         """The tier through its Service, as a pod of ``namespace`` (its default
         ServiceAccount's token for the hub's audience): the test process reaches the
         ClusterIP through kube-proxy's rules, as a pod does."""
-        token = self.kubectl("-n", namespace, "create", "token", "default",
-                             f"--audience={AUDIENCE}", "--duration=1h").strip()  # fmt: skip
+        self.kubectl("create", "namespace", namespace, check=False)  # ml-other: made here
+        token = wait_for(  # a new namespace's default ServiceAccount comes a moment later
+            lambda: self.kubectl("-n", namespace, "create", "token", "default",
+                                 f"--audience={AUDIENCE}", "--duration=1h", check=False).strip(),
+            60, f"a token of {namespace}/default",
+        )  # fmt: skip
         service = self.json("service", TIER, "-n", NAMESPACE)
         endpoint = f"http://{service['spec']['clusterIP']}:8080"
         return Client(HttpTransport(endpoint, token=token, timeout=30), compute=COMPUTE)
