@@ -16,10 +16,12 @@ second upgrade keeps the collections' certificates too.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import json
 import re
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +31,15 @@ import pytest
 import yaml
 from cryptography import x509
 
+from o41.client.collections import Client
+from o41.client.transport import HttpTransport
 from o41.state import store_settings
 from o41.state.etcd import EtcdStore
 from test_chart import CHART, KUBE_VERSION, NAMESPACE, Doc, container, find, render, run_helm
-from test_chart_etcd_tls import URL, ChartEtcd, Members, decode_secret
+from test_chart_etcd_tls import SRC, URL, ChartEtcd, Members, decode_secret, http_status
 from testbed.kube import Kube
+from testbed.process import LOOPBACK, Server, free_port
+from testbed.product import SAFE_ENV, install_crds
 
 ON = "collections.etcd.enabled=true"
 COLLECTIONS = "o41-artifacts-collections-etcd"
@@ -279,3 +285,62 @@ def test_an_upgrade_that_turns_it_on_keeps_the_first_etcds_certificates(
     pems(turned_on[f"{COLLECTIONS}-server-tls"], "tls.crt")[0].verify_directly_issued_by(serving_ca)
     apply(turned_on)
     assert upgrade(ON) == turned_on  # and a second upgrade keeps them all
+
+
+@pytest.mark.kube
+def test_the_service_as_rendered_keeps_the_collections_in_their_etcd_only(
+    both: tuple[ChartEtcd, CollectionsMembers], kube: Kube, tmp_path: Path
+) -> None:
+    """``python -m o41.webhook`` with the container's arguments and environment (addresses
+    on loopback, the mounted client Secret the decoded one): a pod's dict entry lands in
+    the collections' etcd, and not in the state store's."""
+    index, collections = both
+    install_crds(kube.kubeconfig)
+    c = container(find(index.docs, "Deployment", "-placement"))
+    argv = list(c["args"])
+    api, metrics = free_port(), free_port()
+    for flag, value in (
+        ("--host", LOOPBACK),
+        ("--port", str(api)),
+        ("--metrics-port", str(metrics)),
+    ):
+        argv[argv.index(flag) + 1] = value
+    endpoints, tls = index.placement_store_settings()
+    assert tls is not None
+    argv[argv.index("--etcd") + 1] = ",".join(endpoints)
+    at = argv.index("--collections-etcd") + 1
+    argv[at] = collections.rewrite(argv[at], -1, {})
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    env.update(tls.environment())
+    server = Server(
+        "chart placement",
+        [sys.executable, *argv[1:], "--kubeconfig", str(kube.kubeconfig)],
+        tmp_path / "placement.log",
+        env={**SAFE_ENV, **env, "PYTHONPATH": SRC},
+    )
+    namespace = f"coll-etcd-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", namespace)
+    try:
+        server.start().wait_ready(
+            lambda: http_status(f"http://{LOOPBACK}:{api}/readyz")[0] == 200, timeout=60
+        )
+        kube.kubectl("create", "serviceaccount", "job", "-n", namespace)
+        token = kube.kubectl("create", "token", "job", "-n", namespace).strip()
+        client = Client(HttpTransport(f"http://{LOOPBACK}:{api}", token=token), "apart")
+        client.dict("checkpoints")["step-1"] = b"weights"
+        assert client.dict("checkpoints")["step-1"] == b"weights"
+    finally:
+        server.stop()
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+    async def entries(urls: list[str]) -> int:
+        store = EtcdStore(urls, timeout=5.0, tls=tls)
+        try:
+            prefix = f"/o41/collections/{namespace}/apart/dict/checkpoints/".encode()
+            return len(await store.range(prefix))
+        finally:
+            await store.close()
+
+    collections_urls, _ = store_settings(argv[at], {})
+    assert asyncio.run(entries(collections_urls)) == 1
+    assert asyncio.run(entries(endpoints)) == 0
