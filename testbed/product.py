@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import urllib.request
 from dataclasses import dataclass, field
@@ -277,11 +278,19 @@ class TierProcess(_Process):
     port: int = field(default_factory=free_port)
     server: Server | None = field(default=None, repr=False)
     starts: int = 0
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # O41_TLS_CERT_FILE/KEY_FILE: HTTPS
+    extra: tuple[str, ...] = ()  # more flags (--authentication none)
+    ca_file: Path | None = None  # the CA of its serving certificate, when HTTPS
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        scheme = "https" if self.env.get("O41_TLS_CERT_FILE") else "http"
+        return f"{scheme}://{LOOPBACK}:{self.port}"
+
+    def _ready(self) -> bool:
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        with urllib.request.urlopen(f"{self.url}/readyz", timeout=1, context=context) as r:  # noqa: S310 - our own loopback URL
+            return bool(r.status == 200)
 
     def start(self) -> Self:
         self.starts += 1
@@ -303,9 +312,10 @@ class TierProcess(_Process):
                 str(self.kubeconfig),
                 "--audience",
                 self.audience,
+                *self.extra,
             ],
             self.directory / f"tier-{self.starts}.log",
             env={**SAFE_ENV, **self.env},
         ).start()
-        self.server.wait_ready(lambda: _answers(f"{self.url}/readyz"), timeout=60)
+        self.server.wait_ready(self._ready, timeout=60)
         return self

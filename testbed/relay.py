@@ -145,7 +145,8 @@ class Relay:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
-            await self._server.wait_closed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -158,15 +159,15 @@ class Relay:
             except OSError:
                 writer.close()  # the upstream is down: the client sees the connection close
                 return
-            await asyncio.gather(
-                self._pump(reader, up_writer, lambda: self.up),
-                self._pump(up_reader, writer, lambda: self.down),
-                return_exceptions=True,
-            )
-            for w in (writer, up_writer):
-                w.close()
-                with contextlib.suppress(Exception):
-                    await w.wait_closed()
+            try:
+                await asyncio.gather(
+                    self._pump(reader, up_writer, lambda: self.up),
+                    self._pump(up_reader, writer, lambda: self.down),
+                    return_exceptions=True,
+                )
+            finally:  # cancelled by stop() too: the sockets close either way
+                for w in (writer, up_writer):
+                    w.close()
         finally:
             self._tasks.discard(task)
 

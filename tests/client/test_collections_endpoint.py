@@ -1,6 +1,7 @@
 """Where a pod's collections go (issue 40, point 2): ``O41_COLLECTIONS_ENDPOINT`` (this
 cluster's tier) before ``O41_ARTIFACTS_ENDPOINT`` (the hub), else embedded; the tier's CA
-and token default to the artifacts' ones; and what ``o41 status`` says of it."""
+and token default to the artifacts' ones (an HTTPS tier, ``python -m o41.webhook --serve
+collections`` with ``O41_TLS_*``, checked with either); and what ``o41 status`` says."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from o41.client.collections import Client
+from o41.client.collections import Client, Unavailable
 from o41.client.endpoints import collections_route
 from o41.client.transport import EmbeddedTransport, HttpTransport
+from testbed.pki import Authority
 from testbed.process import LOOPBACK, free_port
-from testbed.product import CollectionsProcess
+from testbed.product import CollectionsProcess, TierProcess
 
 TIER = "http://tier.o41-system:8080"
 HUB = "https://hub.example:8443"
@@ -122,3 +124,49 @@ def test_o41_status_says_where_the_collections_go_and_whether_they_answer(
     )
     assert lines[2].startswith(f"  not reached: cannot reach the collections tier at {closed}")
     assert "check O41_COLLECTIONS_ENDPOINT" in lines[2]
+
+
+@pytest.fixture
+def tls_tier(tmp_path: Path) -> Iterator[tuple[TierProcess, Authority]]:
+    """``python -m o41.webhook --serve collections`` over HTTPS (a throwaway CA), no
+    authentication, the embedded store: the tier's TLS and the client's CA choice."""
+    ca = Authority.create(tmp_path / "tier-ca")
+    serving = ca.issue("tier", LOOPBACK, ips=(LOOPBACK,))
+    tls = {"O41_TLS_CERT_FILE": str(serving.cert), "O41_TLS_KEY_FILE": str(serving.key)}
+    process = TierProcess(
+        tmp_path / "no-kubeconfig",
+        [],
+        tmp_path,
+        env=tls,
+        extra=("--authentication", "none"),
+        ca_file=ca.cert_path,
+    )
+    process.start()
+    try:
+        yield process, ca
+    finally:
+        process.stop()
+
+
+def test_an_https_tier_is_checked_with_its_ca_else_the_hubs(
+    clean: pytest.MonkeyPatch, tls_tier: tuple[TierProcess, Authority], tmp_path: Path
+) -> None:
+    tier, ca = tls_tier
+    stranger = Authority.create(tmp_path / "another-ca")
+    clean.setenv("O41_ARTIFACTS_RETRY_DEADLINE", "0")
+    clean.setenv("O41_COLLECTIONS_ENDPOINT", tier.url)
+    clean.setenv("O41_COLLECTIONS_CA_FILE", str(ca.cert_path))
+    clean.setenv("O41_ARTIFACTS_CA_FILE", str(stranger.cert_path))  # the hub's: not the tier's
+    assert tier.url.startswith("https://")
+    assert Client.from_environment().counter("steps").add(2) == 2
+
+    clean.delenv("O41_COLLECTIONS_CA_FILE")  # one CA for both: the artifacts' is taken
+    clean.setenv("O41_ARTIFACTS_CA_FILE", str(ca.cert_path))
+    assert Client.from_environment().counter("steps").add(1) == 3
+
+    clean.setenv("O41_COLLECTIONS_CA_FILE", str(stranger.cert_path))
+    with pytest.raises(Unavailable, match="certificate verify failed") as refused:
+        Client.from_environment().counter("steps").add(1)
+    said = str(refused.value)
+    assert f"the collections tier at {tier.url} has a certificate that " in said
+    assert f"O41_COLLECTIONS_CA_FILE={stranger.cert_path} does not vouch for" in said

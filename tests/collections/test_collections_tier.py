@@ -181,6 +181,12 @@ def test_a_pod_of_b_uses_its_tier_for_collections_and_the_hub_for_artifacts(
         status.stdout.splitlines()[2],
     ]
     assert status.stdout.splitlines()[2].startswith("  reached: namespace 'ml' holds ")
+    refused = run(
+        [sys.executable, "-m", "o41.cli", "status"],
+        {**env, "O41_COLLECTIONS_TOKEN_FILE": str(hub.token("ml"))},
+    )  # a token of cluster A for B's tier: said so
+    assert refused.returncode == 1
+    assert refused.stdout.splitlines()[2].startswith("  refused (401): the token was not ")
     # the collections are in B's tier, and nothing of them reached the hub
     assert counter(tier.url, token, compute, "steps") == 3
     assert counter(hub.service.url, token, compute, "steps") == 0
@@ -338,3 +344,24 @@ def test_collections_etcd_puts_the_hubs_collections_apart_from_its_index(
         service.stop()
         apart.stop()
         index.stop()
+
+
+def test_the_tier_speaks_tls_to_its_etcd(state_etcd_tls: EtcdCluster, tmp_path: Path) -> None:
+    """Its etcd over TLS with a client certificate (the O41_ETCD_* files, as the hub's)."""
+    process = TierProcess(
+        tmp_path / "no-kubeconfig",
+        state_etcd_tls.endpoints,
+        tmp_path,
+        env=state_etcd_tls.client_tls.environment(),
+        extra=("--authentication", "none"),  # no cluster needed: the store is the point
+    )
+    process.start()
+    try:
+        compute = f"tls-{uuid.uuid4().hex[:6]}"
+        path = f"/v1/collections/{compute}/counter/steps"
+        status, answer = call(process.url, f"{path}/add", {"n": 3})
+        assert status == 200, answer
+        status, answer = call(process.url, f"{path}/get", {})
+        assert (status, answer["value"]) == (200, 3)
+    finally:
+        process.stop()

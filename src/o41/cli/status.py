@@ -220,10 +220,10 @@ def endpoints() -> tuple[list[str], bool]:
     """What ``o41 status`` says without an organization, as a pod sees it: where its
     artifacts and its collections go and why, and whether the collections' endpoint
     answered one cheap call (its namespace's usage: it also says which tenant the token
-    is); with whether it did (True when there is nothing to reach)."""
+    is) or refused it; with whether it answered (True when there is nothing to reach)."""
     from o41.client.connection import ENV_ENDPOINT, Connection
     from o41.client.endpoints import collections_route
-    from o41.client.errors import O41Error
+    from o41.client.errors import O41Error, ServiceError
 
     hub = Connection().endpoint
     lines = [
@@ -237,6 +237,9 @@ def endpoints() -> tuple[list[str], bool]:
         return lines, True
     try:
         usage = route.connection.request("GET", "/v1/collections/usage")
+    except ServiceError as e:  # it answered: a refusal (a token of another cluster...)
+        lines.append(f"  refused ({e.status}): {e}")
+        return lines, False
     except O41Error as e:
         lines.append(f"  not reached: {e}")
         return lines, False

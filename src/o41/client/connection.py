@@ -92,8 +92,6 @@ class Connection:
     ``connect_timeout``: seconds to connect (default 10). ``retry_deadline``: seconds a
     call is tried for while the service cannot answer (default
     ``$O41_ARTIFACTS_RETRY_DEADLINE``, else 300; 0: no retries; ``o41.client.backoff``).
-    ``service`` and ``named_by``: what an error calls the service and the variable it says
-    to check (a collections tier's: ``o41.client.endpoints``).
 
     :attr:`operation_ids` (``backoff.OPERATION_IDS``): whether the collection operations
     that are not idempotent send an operation id, and so may be retried.
@@ -102,6 +100,10 @@ class Connection:
     #: Whether a collection operation that is not idempotent sends an operation id (and
     #: is then retried as an idempotent one is): the service remembers them.
     operation_ids: bool = backoff.OPERATION_IDS
+    #: What an error calls the service, and the variable it says to check (a collections
+    #: tier's connection, ``o41.client.endpoints.TierConnection``, says its own).
+    service: str = "the placement service"
+    named_by: str = ENV_ENDPOINT
 
     def __init__(
         self,
@@ -114,10 +116,7 @@ class Connection:
         timeout: float | None = None,
         connect_timeout: float | None = None,
         retry_deadline: float | None = None,
-        service: str = "the placement service",
-        named_by: str = ENV_ENDPOINT,
     ) -> None:
-        self.service, self.named_by = service, named_by
         endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
         self.endpoint: str | None = endpoint.rstrip("/") if endpoint else None
         named = token_file or os.environ.get(ENV_TOKEN_FILE)

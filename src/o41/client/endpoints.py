@@ -21,10 +21,12 @@ Standard library only (pods import it at start-up).
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from o41.client.connection import ENV_ENDPOINT, Connection
+from o41.client.tls import ENV_CA_FILE
 
 ENV_COLLECTIONS_ENDPOINT = "O41_COLLECTIONS_ENDPOINT"
 ENV_COLLECTIONS_CA_FILE = "O41_COLLECTIONS_CA_FILE"
@@ -37,8 +39,39 @@ __all__ = [
     "ENV_COLLECTIONS_ENDPOINT",
     "ENV_COLLECTIONS_TOKEN_FILE",
     "CollectionsRoute",
+    "TierConnection",
     "collections_route",
 ]
+
+
+class TierConnection(Connection):
+    """A :class:`Connection` to this cluster's collections tier: its errors name the tier,
+    ``$O41_COLLECTIONS_ENDPOINT`` and the CA variable its bundle came from, not the hub's."""
+
+    service = "the collections tier"
+    named_by = ENV_COLLECTIONS_ENDPOINT
+
+    def __init__(self, endpoint: str, **settings: Any) -> None:
+        own = settings.get("ca_file") or os.environ.get(ENV_COLLECTIONS_CA_FILE)
+        settings["ca_file"] = own or None  # None: O41_ARTIFACTS_CA_FILE's, as Connection reads it
+        super().__init__(endpoint, **settings)
+        self.ca_variable = ENV_COLLECTIONS_CA_FILE if own else ENV_CA_FILE
+
+    def untrusted(self, error: BaseException, shown: str | None = None) -> str | None:
+        if not isinstance(error, ssl.SSLCertVerificationError):
+            return None
+        why = f"certificate verify failed: {error.verify_message or error.reason}"
+        where = f"the collections tier at {shown or self.url}"
+        fix = (
+            f"set {ENV_COLLECTIONS_CA_FILE} to the CA bundle of the tier's serving "
+            "certificate (the remote chart's ConfigMap names it)"
+        )
+        if self.ca_file:
+            return (
+                f"{where} has a certificate that {self.ca_variable}={self.ca_file} does not "
+                f"vouch for ({why}): {fix}"
+            )
+        return f"{where} has a certificate of a CA this machine does not trust ({why}): {fix}"
 
 
 @dataclass(frozen=True)
@@ -75,14 +108,11 @@ def collections_route(
     and ``retry_deadline``: the connection's (default: as :class:`Connection` says)."""
     tier = os.environ.get(ENV_COLLECTIONS_ENDPOINT, "").strip()
     if tier:
-        connection = Connection(
+        connection = TierConnection(
             tier,
             token_file=os.environ.get(ENV_COLLECTIONS_TOKEN_FILE) or None,
-            ca_file=os.environ.get(ENV_COLLECTIONS_CA_FILE) or None,
             timeout=timeout,
             retry_deadline=retry_deadline,
-            service="the collections tier",
-            named_by=ENV_COLLECTIONS_ENDPOINT,
         )
         return CollectionsRoute("tier", connection)
     hub = Connection(timeout=timeout, retry_deadline=retry_deadline)
