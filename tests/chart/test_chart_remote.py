@@ -115,3 +115,54 @@ def test_installed_its_opt_in_lets_the_hub_fetch_the_keys_by_discovery(
         done = helm_on_workload("uninstall", "w", "--namespace", "ml", "--wait")
         assert done.returncode == 0, done.stderr
     assert "keys" in planned_keys(workload)  # the binding went with the release
+
+
+def test_installed_with_the_tier_it_may_only_review_tokens_and_an_upgrade_keeps_its_certs(
+    workload: ControlPlane,
+) -> None:
+    """collections.enabled through the API server (each object accepted as rendered), the
+    tier's ServiceAccount allowed TokenReviews and nothing else, and etcd's certificates
+    kept by an upgrade (looked up), so that the members and the tier keep trusting each
+    other. No pod runs here: tests/real/test_real_remote_tier.py runs them."""
+    env = {**os.environ, "KUBECONFIG": str(workload.kubeconfig)}
+
+    def helm_here(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120,
+                              check=False, env=env)  # fmt: skip
+
+    done = helm_here(
+        "install", "t", str(REMOTE), "--namespace", "ml-tier", "--create-namespace",
+        "--set", f"hub.endpoint={HUB}", "--set", "collections.enabled=true",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "O41_COLLECTIONS_ENDPOINT" in done.stdout  # the notes say what pods set
+    tier = "system:serviceaccount:ml-tier:t-o41-remote-collections"
+    try:
+
+        def may(*what: str) -> str:
+            return workload.kubectl("auth", "can-i", *what, f"--as={tier}", check=False).strip()
+
+        assert may("create", "tokenreviews.authentication.k8s.io") == "yes"
+        for what in (("get", "secrets", "-n", "ml-tier"), ("list", "pods", "-A"),
+                     ("create", "subjectaccessreviews.authorization.k8s.io"),
+                     ("get", "configmaps", "-n", "ml-tier")):  # fmt: skip
+            assert may(*what) == "no", what
+        secrets = [f"t-o41-remote-etcd-{role}-tls" for role in ("server", "peer", "client")]
+
+        def certificates() -> list[str]:
+            path = "jsonpath={.data.tls\\.crt}"
+            return [workload.kubectl("get", "secret", s, "-n", "ml-tier", "-o", path)
+                    for s in secrets]  # fmt: skip
+
+        before = certificates()
+        assert all(before)
+        done = helm_here("upgrade", "t", str(REMOTE), "--namespace", "ml-tier", "--reuse-values")
+        assert done.returncode == 0, done.stderr
+        assert certificates() == before
+        endpoint = workload.kubectl("get", "configmap", "t-o41-remote-hub", "-n", "ml-tier",
+                                    "-o", "jsonpath={.data.collectionsEndpoint}")  # fmt: skip
+        assert endpoint == "http://t-o41-remote-collections.ml-tier.svc:8080"
+    finally:
+        done = helm_here("uninstall", "t", "--namespace", "ml-tier")
+        assert done.returncode == 0, done.stderr
+        workload.kubectl("delete", "namespace", "ml-tier", "--wait=false", check=False)

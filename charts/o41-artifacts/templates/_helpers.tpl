@@ -25,6 +25,7 @@ o41-artifacts), else <release>-o41-artifacts. */}}
 {{- define "o41.operator" -}}{{ include "o41.fullname" . | trunc 54 | trimSuffix "-" }}-operator{{- end }}
 {{- define "o41.placement" -}}{{ include "o41.fullname" . | trunc 53 | trimSuffix "-" }}-placement{{- end }}
 {{- define "o41.etcd" -}}{{ include "o41.fullname" . | trunc 50 | trimSuffix "-" }}-etcd{{- end }}
+{{- define "o41.collectionsEtcd" -}}{{ include "o41.fullname" . | trunc 38 | trimSuffix "-" }}-collections-etcd{{- end }}
 {{- define "o41.webhookTLS" -}}{{ include "o41.fullname" . | trunc 49 | trimSuffix "-" }}-webhook-tls{{- end }}
 {{- define "o41.webhookConfig" -}}{{ include "o41.fullname" . }}.artifacts.o41.io{{- end }}
 
@@ -164,15 +165,29 @@ etcd checks that a peer's certificate names resolve to the address it connects f
 forward lookup of each name, a reverse lookup against the wildcards), so each member is
 named. */}}
 {{- define "o41.etcdNames" -}}
-{{- $etcd := include "o41.etcd" . }}
-{{- $ns := .Release.Namespace }}
+{{- include "o41.etcdNamesOf" (dict "ctx" . "name" (include "o41.etcd" .)) }}
+{{- end }}
+{{- define "o41.etcdNamesOf" -}}
+{{- $etcd := .name }}
+{{- $ns := .ctx.Release.Namespace }}
 {{- $names := list }}
-{{- range $i := until (int .Values.etcd.replicas) }}
+{{- range $i := until (int .ctx.Values.etcd.replicas) }}
 {{- $pod := printf "%s-%d" $etcd $i }}
 {{- $names = concat $names (list (printf "%s.%s" $pod $etcd) (printf "%s.%s.%s" $pod $etcd $ns) (printf "%s.%s.%s.svc" $pod $etcd $ns) (printf "%s.%s.%s.svc.cluster.local" $pod $etcd $ns)) }}
 {{- end }}
 {{- $names = concat $names (list (printf "*.%s" $etcd) (printf "*.%s.%s" $etcd $ns) (printf "*.%s.%s.svc" $etcd $ns) (printf "*.%s.%s.svc.cluster.local" $etcd $ns)) }}
 {{- toJson $names }}
+{{- end }}
+
+{{/* The collections' own etcd (collections.etcd.enabled): its client URLs, the service's
+--collections-etcd. */}}
+{{- define "o41.collectionsEtcdEndpoints" -}}
+{{- $etcd := include "o41.collectionsEtcd" . }}
+{{- $urls := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc:2379" (include "o41.etcdScheme" $) $etcd $i $etcd $.Release.Namespace) }}
+{{- end }}
+{{- join "," $urls }}
 {{- end }}
 
 {{/* The container securityContext of every container the chart runs (containerSecurityContext). */}}
