@@ -28,7 +28,7 @@ from test_chart import (
     run_helm,
     verifies_for,
 )
-from test_chart_hygiene import checkov, documented, kube_score, rendered
+from test_chart_hygiene import checkov, documented, kube_score, of_the_hub, rendered
 
 NAME = "o41-artifacts-placement"
 SERVICE_NAMES = [
@@ -414,7 +414,7 @@ def test_kube_score_and_checkov_find_nothing_new_on_the_hubs_objects(
 ) -> None:
     allowed, _ = documented()
     manifest = rendered(tmp_path, *sets)
-    assert kube_score(manifest) == {f for f in allowed if f[0] == "kube-score"} | extra
+    assert kube_score(manifest) == of_the_hub(allowed, "kube-score") | extra
     found, attempts = checkov(manifest, tmp_path)
     assert attempts == []
-    assert found == {f for f in allowed if f[0] == "checkov"}
+    assert found == of_the_hub(allowed, "checkov")
