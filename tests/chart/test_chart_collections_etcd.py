@@ -230,16 +230,6 @@ async def test_the_services_store_reads_and_writes_both_etcds_with_what_the_char
         await store.close()
 
 
-@pytest.fixture
-def namespace(kube: Kube) -> Iterator[str]:
-    name = f"o41-coll-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
 @pytest.mark.kube
 def test_an_upgrade_that_turns_it_on_keeps_the_first_etcds_certificates(
     kube: Kube, namespace: str

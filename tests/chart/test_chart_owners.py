@@ -10,8 +10,6 @@ Deployment up as ``helm upgrade`` does, against the test bed's API server).
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +49,6 @@ def test_a_bare_off_and_other_words_are_refused_with_the_choices(tmp_path: Path)
     done = run_helm("template", "o41", str(CHART), "--set", "placement.collectionOwners=yes")
     assert done.returncode != 0
     assert "value must be one of 'off', 'guard', 'on'" in done.stderr, done.stderr
-
-
-@pytest.fixture
-def namespace(kube: Kube) -> Iterator[str]:
-    name = f"o41-owners-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.mark.kube

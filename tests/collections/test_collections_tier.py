@@ -29,27 +29,17 @@ import pytest
 from o41.client.collections import Client
 from o41.client.connection import Connection
 from testbed.etcd import EtcdCluster
-from testbed.kube import SELF, ControlPlane, bin_dir
+from testbed.kube import ControlPlane
 from testbed.product import PlacementProcess, TierProcess
 from testbed.relay import Relay
 
-from fixtures.world import API, World
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
 DOMAIN = "tier-b"  # the hub's TrustDomain for cluster B
 DELAY = 0.02  # seconds each way between B and the hub
 COLLECTION_ROOTS = (b"/o41/collections/", b"/o41/operations/", b"/o41/owners/")
-
-
-@pytest.fixture(scope="module")
-def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("cluster-b"), bin_dir(), issuer=SELF).start()
-    try:
-        plane.allow_public_issuer_discovery()  # the hub's operator fetches B's keys
-        yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")
@@ -77,18 +67,7 @@ def tier(
 @pytest.fixture(scope="module")
 def hub(world: World, cluster_b: ControlPlane) -> World:
     """A trusts B's issuer; A's organization admits ``ml`` of A and ``ml`` of B."""
-    world.apply(
-        {
-            "apiVersion": API,
-            "kind": "TrustDomain",
-            "metadata": {"name": DOMAIN},
-            "spec": {
-                "issuer": cluster_b.service_account_issuer,
-                "caBundle": cluster_b.ca_cert.read_text(),
-            },
-        }
-    )
-    world.kube.kubectl("wait", "--for=condition=Ready", f"trustdomain/{DOMAIN}", "--timeout=60s")
+    world.trust(cluster_b, DOMAIN)
     world.organization(["team-a", "ml"], members=[{"trustDomain": DOMAIN, "namespaces": ["ml"]}])
     return world
 

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from testbed.kube import SELF, ControlPlane, bin_dir
+from testbed.kube import ControlPlane
 
-from fixtures.world import API, World
+from fixtures.world import World
 
 pytestmark = [pytest.mark.kube, pytest.mark.stores, pytest.mark.etcd]
 
@@ -29,30 +28,9 @@ DOMAIN = "cluster-b"
 
 
 @pytest.fixture(scope="module")
-def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tmp_path_factory.mktemp("cluster-b"), bin_dir(), issuer=SELF).start()
-    try:
-        plane.allow_public_issuer_discovery()
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
 def hub(world: World, cluster_b: ControlPlane) -> World:
     """A's organization admits team-a of B too; A trusts B's issuer."""
-    world.apply(
-        {
-            "apiVersion": API,
-            "kind": "TrustDomain",
-            "metadata": {"name": DOMAIN},
-            "spec": {
-                "issuer": cluster_b.service_account_issuer,
-                "caBundle": cluster_b.ca_cert.read_text(),
-            },
-        }
-    )
-    world.kube.kubectl("wait", "--for=condition=Ready", f"trustdomain/{DOMAIN}", "--timeout=60s")
+    world.trust(cluster_b, DOMAIN)
     world.organization(["team-a"], members=[{"trustDomain": DOMAIN, "namespaces": ["team-a"]}])
     return world
 
