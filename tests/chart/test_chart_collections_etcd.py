@@ -22,7 +22,6 @@ import functools
 import json
 import re
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -279,7 +278,7 @@ def test_an_upgrade_that_turns_it_on_keeps_the_first_etcds_certificates(
 
 @pytest.mark.kube
 def test_the_service_as_rendered_keeps_the_collections_in_their_etcd_only(
-    both: tuple[ChartEtcd, CollectionsMembers], kube: Kube, tmp_path: Path
+    both: tuple[ChartEtcd, CollectionsMembers], kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     """``python -m o41.webhook`` with the container's arguments and environment (addresses
     on loopback, the mounted client Secret the decoded one): a pod's dict entry lands in
@@ -308,8 +307,6 @@ def test_the_service_as_rendered_keeps_the_collections_in_their_etcd_only(
         tmp_path / "placement.log",
         env={**SAFE_ENV, **env, "PYTHONPATH": SRC},
     )
-    namespace = f"coll-etcd-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", namespace)
     try:
         server.start().wait_ready(
             lambda: http_status(f"http://{LOOPBACK}:{api}/readyz")[0] == 200, timeout=60
@@ -321,7 +318,6 @@ def test_the_service_as_rendered_keeps_the_collections_in_their_etcd_only(
         assert client.dict("checkpoints")["step-1"] == b"weights"
     finally:
         server.stop()
-        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
     async def entries(urls: list[str]) -> int:
         store = EtcdStore(urls, timeout=5.0, tls=tls)

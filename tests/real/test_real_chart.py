@@ -58,11 +58,11 @@ def split(image: str) -> tuple[str, str]:
     return repository, tag
 
 
-@dataclass
-class Installed:
+class OnTheNode:
+    """What a release on the real node's cluster is looked at with (``node`` is the
+    dataclass field of each release kind)."""
+
     node: RealNode
-    s3: S3Store
-    directory: Path
 
     @property
     def kubeconfig(self) -> Path:
@@ -74,15 +74,22 @@ class Installed:
     def json(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
 
-    def pods(self, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.json("pods", "-n", namespace)["items"]
-        return items
-
     def diagnose(self) -> str:
         """What a user would look at when something does not come up."""
         out = [self.kubectl("get", "pods,pvc,jobs", "-A", "-o", "wide", check=False)]
         out.append(self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
         return "\n".join(out)[-6000:]
+
+
+@dataclass
+class Installed(OnTheNode):
+    node: RealNode
+    s3: S3Store
+    directory: Path
+
+    def pods(self, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.json("pods", "-n", namespace)["items"]
+        return items
 
 
 def helm_run(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:

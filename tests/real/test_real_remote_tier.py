@@ -39,7 +39,7 @@ from o41.client.collections import Client
 from o41.client.transport import HttpTransport
 from test_chart import REPO
 from test_real_backup import clear_volumes, gone
-from test_real_chart import helm_run, split
+from test_real_chart import OnTheNode, helm_run, split
 from test_real_node import pod
 from testbed.kube import kubectl
 from testbed.node import GATEWAY, NODE_NAME, RealNode
@@ -90,29 +90,18 @@ class Recorder:
 
 
 @dataclass
-class Tier:
+class Tier(OnTheNode):
     node: RealNode
     directory: Path
     hub: Recorder
     hub_url: str
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.node.control_plane.kubeconfig
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        return kubectl(self.kubeconfig, *args, input=input, check=check)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", *args, "-o", "json"))
 
     def pods(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.json("pods", "-n", NAMESPACE)["items"]
         return [p for p in items if p["metadata"]["labels"].get("app.kubernetes.io/instance")]
 
     def diagnose(self) -> str:
-        out = [self.kubectl("get", "pods,pvc,jobs", "-A", "-o", "wide", check=False)]
-        out.append(self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
+        out = [super().diagnose()]
         for p in self.pods():
             name = p["metadata"]["name"]
             out.append(f"--- {name}\n" + self.kubectl("logs", "-n", NAMESPACE, name,
