@@ -178,7 +178,10 @@ class EtcdCluster:
             with urllib.request.urlopen(req, timeout=2, context=context) as r:  # noqa: S310
                 status = json.load(r)
             ids[int(status["header"]["member_id"])] = i
-            leader_id = int(status["leader"])
+            # no "leader" (JSON leaves out proto3 zeros): this member knows none, mid-election
+            known = int(status.get("leader", 0))
+            if known:
+                leader_id = known
         if leader_id is None or leader_id not in ids:
             raise RuntimeError("no live etcd member knows a leader")
         return ids[leader_id]
