@@ -8,11 +8,13 @@
 - ``owners``: this tree with ``O41_COLLECTIONS_OWNERS=on`` (the replica owns the dicts
   it reads). (``off``, the default, is ``before``'s code path.)
 
-For each, p50/p99 and throughput of strong get and set, eventual get, counter add and a
-lock's acquire+release, 1 and ``--workers`` workers (the o41.sky client over its
-WebSocket, one connection per worker thread), and the CPU each service process and etcd's
-three members spent per operation (from /proc). Raw etcd puts and gets on the leader are
-measured in the same rounds for reference. Prints the load average before and after.
+For each, p50/p99 and throughput of strong get and set, eventual get, counter add, a
+lock's acquire+release (with ``--workers``: that many on one lock, hand-overs a second) and
+a queue's offer and poll (of a queue filled first), 1 and ``--workers`` workers (the
+o41.sky client over its WebSocket, one connection per worker thread), and the CPU each
+service process and etcd's three members spent per operation (from /proc). Raw etcd puts
+and gets on the leader are measured in the same rounds for reference. Prints the load
+average before and after.
 
     .venv/bin/python bench/owners.py --before /tmp/o41-main/src [--ops 2000] [--rounds 5]
 """
@@ -37,6 +39,8 @@ from bench.sky_collections import (  # noqa: E402
     dict_get,
     dict_set,
     lock_cycle,
+    queue_offer,
+    queue_poll,
 )
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.kube import bin_dir  # noqa: E402
@@ -109,6 +113,9 @@ def main() -> int:
                         ("eventual get", dict_get("eventual")),
                         ("counter add", counter_add("strong")),
                         ("lock acquire+release", lock_cycle(f"bench-lock-{n}")),
+                        ("queue offer", queue_offer(f"bench-offers-{n}")),
+                        # each worker first offers what it polls in the round (untimed)
+                        ("queue poll", queue_poll(f"bench-polls-{n}", per_round // n + 1)),
                     ]
                     for what, op in ops:
                         if only and what not in only:

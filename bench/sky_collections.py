@@ -345,6 +345,16 @@ def lock_cycle(name: str) -> Callable[[Client, int, int], object]:
     return op
 
 
+def queue_offer(name: str) -> Callable[[Client, int, int], object]:
+    """A strong offer to a queue."""
+
+    def op(c: Client, w: int, i: int) -> object:
+        c.queue(name).offer(b"x")
+        return None
+
+    return op
+
+
 def queue_poll(name: str, fill: int) -> Callable[[Client, int, int], object]:
     """A strong poll of a queue kept full: the first call of each worker (``i == -1``)
     offers what that worker will poll, so the timed calls are polls alone."""

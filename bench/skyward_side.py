@@ -6,8 +6,10 @@ writes) on 3 nodes on 127.0.0.1: node 0 in this process, where the measuring thr
 Skyward's synchronous facade (``skyward.worker.distributed``) as code running on a
 Skyward node does; nodes 1 and 2 in processes of their own. No provider: nothing leaves
 the machine. Prints p50, p99, operations a second and the CPU per operation of node 0 and
-of nodes 1-2, for a strong dict get and set, 1 and ``--workers`` workers, in alternated
-rounds. Needs Python 3.12 and the two packages, in a venv of their own:
+of nodes 1-2, for a strong dict get and set, a counter add, a queue offer and poll (of
+the queue the offers of the same round filled) and a lock's acquire+release (with
+``--workers``: that many on one lock, hand-overs a second), 1 and ``--workers`` workers,
+in alternated rounds. Needs Python 3.12 and the two packages, in a venv of their own:
 
     /root/.pyenv/versions/3.12.1/bin/python -m venv /tmp/sky-venv
     /tmp/sky-venv/bin/pip install skyward==0.12.1 casty==0.30.2
@@ -59,14 +61,25 @@ def measure(sky, what: str, n: int, ops: int) -> tuple[list[float], float]:
 
     def worker(w: int) -> None:
         d = sky.dict("bench-strong")
+        counter, queue = sky.counter("bench-hot"), sky.queue(f"bench-queue-{n}")
+        mutex = sky.lock(f"bench-lock-{n}", ttl=30, timeout=60)
         mine = []
         for i in range(ops // n):
             key = f"k{(w * 31 + i) % 500}"
             started = time.perf_counter()
             if what == "get":
                 d.get(key)
-            else:
+            elif what == "set":
                 d[key] = VALUE
+            elif what == "add":
+                counter.add(1)
+            elif what == "offer":
+                queue.offer(b"x")
+            elif what == "poll":  # of the queue the offers of the same round filled
+                queue.poll()
+            else:  # "lock": one acquire and one release (``with lock: pass``)
+                with mutex:
+                    pass
             mine.append(time.perf_counter() - started)
         with lock:
             latencies.extend(mine)
@@ -117,7 +130,8 @@ def main() -> int:
         d = sky.dict("bench-strong")
         for i in range(500):
             d[f"k{i}"] = VALUE
-        rows = [(what, n) for n in (1, args.workers) for what in ("get", "set")]
+        kinds = ("get", "set", "add", "offer", "poll", "lock")
+        rows = [(what, n) for n in (1, args.workers) for what in kinds]
         for what, n in rows:
             measure(sky, what, n, 64)  # warm
         pooled = {row: ([], 0.0, 0.0, 0.0) for row in rows}
@@ -134,14 +148,14 @@ def main() -> int:
                 )
         print(f"load average at the end: {os.getloadavg()}")
         print(
-            f"{'':<16} {'op':<5} {'workers':>7} {'p50 ms':>8} {'p99 ms':>8} {'ops/s':>8} "
+            f"{'':<16} {'op':<6} {'workers':>7} {'p50 ms':>8} {'p99 ms':>8} {'ops/s':>8} "
             f"{'node0 us/op':>12} {'nodes1-2 us/op':>15}"
         )
         for (what, n), (latencies, elapsed, c0, c1) in pooled.items():
             latencies.sort()
             count = len(latencies)
             print(
-                f"{'skyward strong':<16} {what:<5} {n:>7} {latencies[count // 2] * 1000:>8.3f} "
+                f"{'skyward strong':<16} {what:<6} {n:>7} {latencies[count // 2] * 1000:>8.3f} "
                 f"{latencies[int(count * 0.99)] * 1000:>8.3f} {count / elapsed:>8.0f} "
                 f"{c0 / count * 1e6:>12.0f} {c1 / count * 1e6:>15.0f}"
             )

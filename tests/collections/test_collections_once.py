@@ -119,6 +119,41 @@ async def test_queue_offer_and_poll(replicas: Replicas, how: str) -> None:
     assert empty == [{"found": False, "value": None}] * 2
 
 
+async def test_polls_with_ids_take_the_oldest_item_whatever_a_replica_knew(
+    replicas: Replicas,
+) -> None:
+    """A replica claims the items it offered, or read ahead, in one round trip, guarded on
+    each item unchanged and no older item left: an item another replica claimed, or one it
+    offered in between, sends the poll back to etcd's head instead."""
+    job = Job(replicas)
+    for value in (b"a", b"b"):
+        await job("queue.q.offer", 0, value=value, operation=op())
+    await job("queue.q.offer", 1, value=b"c", operation=op())  # unknown to replica 0
+    assert await job("queue.q.poll", 1, operation=op()) == {"found": True, "value": b"a"}
+    await job("queue.q.offer", 0, value=b"d", operation=op())
+    got = [await job("queue.q.poll", 0, operation=op()) for _ in range(5)]
+    assert [g["value"] for g in got] == [b"b", b"c", b"d", None, None]
+    await job("queue.q.offer", 0, value=b"e", operation=op())
+    await job("queue.q.clear", 1)
+    await job("queue.q.offer", 1, value=b"f", operation=op())
+    assert await job("queue.q.poll", 0, operation=op()) == {"found": True, "value": b"f"}
+
+
+async def test_a_poll_with_an_id_of_an_item_this_replica_offered_is_one_round_trip() -> None:
+    store = Counting()
+    engine = Engine(store)
+    try:
+        job = Job((engine, engine))
+        for value in (b"x", b"y"):
+            await job("queue.q.offer", value=value, operation=op())
+        before = store.txns
+        assert await job("queue.q.poll", operation=op()) == {"found": True, "value": b"x"}
+        assert await job("queue.q.poll", operation=op()) == {"found": True, "value": b"y"}
+        assert store.txns - before == 2
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("how", REPEATS)
 @pytest.mark.parametrize("kind", ["dict", "registry"])
 async def test_set_and_delete(replicas: Replicas, how: str, kind: str) -> None:

@@ -175,6 +175,25 @@ async def test_a_prefix_compare_is_over_every_key_under_it(store: Store, p: byte
     ).succeeded
 
 
+async def test_a_prefix_compare_with_an_end_is_over_the_keys_before_it(
+    store: Store, p: bytes
+) -> None:
+    """``end`` narrows the range to the keys under the prefix that sort before it (a
+    queue's "no item older than this one")."""
+    await store.put(p + b"q/02", b"x")
+    await store.put(p + b"q/05", b"y")
+
+    def none_before(end: bytes) -> Compare:
+        return Compare(p + b"q/", "create", "==", 0, prefix=True, end=end)
+
+    assert (await store.txn([none_before(p + b"q/02")], [])).succeeded
+    assert not (await store.txn([none_before(p + b"q/03")], [])).succeeded
+    await store.delete(p + b"q/02")
+    assert (await store.txn([none_before(p + b"q/05")], [])).succeeded
+    assert not (await store.txn([none_before(p + b"q/06")], [])).succeeded
+    assert not (await store.txn([none_before(p + b"r")], [])).succeeded  # past the prefix
+
+
 async def test_txn_compares_and_branches(store: Store, p: bytes) -> None:
     k = p + b"t"
     # a missing key: version, create and mod compare as 0; a value compare fails

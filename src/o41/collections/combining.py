@@ -15,6 +15,8 @@ from o41.collections.once import Memory, Txn, absent, dump, load
 from o41.state.base import Compare, Delete, Get, KeyValue, Op, Put, Store, TxnResult
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
+READ_AHEAD = 16  # head items a keyed poll reads beyond its own, for the next polls
+KNOWN_BYTES = 1 << 20  # a queue's items a replica keeps knowing (their keys and values)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -221,6 +223,10 @@ class StrongQueue:
         )
         self.head = 0  # where this replica expects the head item (0: not known)
         self.others = False  # whether the last read found offers this replica did not make
+        # items known to be in etcd, by sequence (its offers, the heads it read): a poll
+        # with an operation id claims them in one round trip (see _claim_once)
+        self.known_items: dict[int, KeyValue] = {}
+        self.known_bytes = 0
 
     async def offer_batch(self, offers: list[tuple[bytes, bytes | None]]) -> list[None]:
         """Offers in one transaction (an offer with an operation key and a repeat of it in
@@ -256,6 +262,9 @@ class StrongQueue:
                 result = await self.store.txn(*build(0))
             if result.succeeded:
                 self.known = (n + len(apply), result.revision)
+                for j, i in enumerate(apply):
+                    key = self.items + b"%020d" % (n + 1 + j)
+                    self._learn(KeyValue(key, offers[i][0], result.revision, result.revision, 1))
                 return [None] * len(offers)
             found = result.results[0]
             self.known = (counter_value(found[0]), found[0].mod_revision) if found else (0, 0)
@@ -280,45 +289,97 @@ class StrongQueue:
 
     async def _claim_once(self, keys: list[bytes]) -> dict[bytes, bytes | None]:
         """Polls with operation keys: each claims a head item and writes its answer in one
-        transaction, guarded on the item unchanged and the key absent; a key found
-        answers what it remembers (a repeat of a poll that claimed its item before).
-        Two round trips (a read of the keys and the head, then the claim): the value a
-        poll answers is in its key, so it is read before it is claimed."""
+        transaction, guarded on the key absent, the item unchanged and no item before the
+        first (so they are the oldest); a key found answers what it remembers (a repeat of
+        a poll that claimed its item before). The value a poll answers is written into its
+        key, so it must be known before the claim: one round trip when this replica knows
+        the head items (it offered them, or read them with an earlier poll's heads), else
+        two (a read of the keys and of up to :data:`READ_AHEAD` heads, then the claim)."""
         answers: dict[bytes, bytes | None] = {}
         todo = list(dict.fromkeys(keys))
+        heads = self._known_heads(len(todo))
         for _ in range(100):
             if not todo:
                 return answers
-            seen = await self.store.txn(
-                [], [*map(Get, todo), Get(self.items, prefix=True, limit=len(todo))]
-            )
-            for key, found in zip(todo, seen.results, strict=False):
-                if found:
-                    answers[key] = load(found[0].value).get("value")
-            todo = [key for key in todo if key not in answers]
-            heads = seen.results[-1][: len(todo)]
-            if not heads:  # the queue was empty at that revision: nothing claimed
-                answers.update(dict.fromkeys(todo))
-                return answers
+            if not heads:
+                ahead = Get(self.items, prefix=True, limit=len(todo) + READ_AHEAD)
+                seen = await self.store.txn([], [*map(Get, todo), ahead])
+                for key, found in zip(todo, seen.results, strict=False):
+                    if found:
+                        answers[key] = load(found[0].value).get("value")
+                todo = [key for key in todo if key not in answers]
+                self._forget(None)
+                for kv in seen.results[-1]:
+                    self._learn(kv)
+                heads = list(seen.results[-1][: len(todo)])
+                if not todo:
+                    return answers
+                if not heads:  # the queue was empty at that revision: nothing claimed
+                    answers.update(dict.fromkeys(todo))
+                    return answers
             pairs = list(zip(todo, heads, strict=False))
+            older = Compare(self.items, "create", "==", 0, prefix=True, end=pairs[0][1].key)
 
-            def build(lease: int, pairs: list[tuple[bytes, KeyValue]] = pairs) -> Txn:
+            def build(
+                lease: int, pairs: list[tuple[bytes, KeyValue]] = pairs, older: Compare = older
+            ) -> Txn:
                 return (
                     [absent(k) for k, _ in pairs]
-                    + [Compare(kv.key, "mod", "==", kv.mod_revision) for _, kv in pairs],
+                    + [Compare(kv.key, "mod", "==", kv.mod_revision) for _, kv in pairs]
+                    + [older],
                     [Delete(kv.key) for _, kv in pairs]
                     + [Put(k, dump({"found": True, "value": kv.value}), lease) for k, kv in pairs],
                     [],
                 )
 
             result = await self.memory.txn(build)
+            heads = []
             if result.succeeded:
                 for key, kv in pairs:
                     answers[key] = kv.value
                 self.head = max(self.head, _sequence(pairs[-1][1].key) + 1)
+                self._forget(self.head)
                 todo = todo[len(pairs) :]
-            # else: an item was claimed by another poll, or a repeat landed: read again
+                heads = self._known_heads(len(todo))
+            else:  # claimed by another poll, a repeat landed, or an older item: read again
+                self._forget(None)
         raise Busy("the queue is contended by other replicas: try again")
+
+    def _learn(self, kv: KeyValue) -> None:
+        """Remember an item known to be in etcd (while they fit in :data:`KNOWN_BYTES`)."""
+        size = len(kv.key) + len(kv.value)
+        old = self.known_items.get(_sequence(kv.key))
+        if old is not None:
+            self.known_bytes -= len(old.key) + len(old.value)
+            del self.known_items[_sequence(kv.key)]
+        if self.known_bytes + size <= KNOWN_BYTES:
+            self.known_items[_sequence(kv.key)] = kv
+            self.known_bytes += size
+
+    def forget(self) -> None:
+        """The items were deleted (a clear): none is known any more."""
+        self._forget(None)
+
+    def _forget(self, before: int | None) -> None:
+        """Forget the items before sequence ``before`` (claimed), or all (None: stale)."""
+        if before is None:
+            self.known_items.clear()
+            self.known_bytes = 0
+            return
+        for sequence in [q for q in self.known_items if q < before]:
+            kv = self.known_items.pop(sequence)
+            self.known_bytes -= len(kv.key) + len(kv.value)
+
+    def _known_heads(self, want: int) -> list[KeyValue]:
+        """Up to ``want`` known items of consecutive sequence numbers from the oldest
+        known one (a gap could hide an item offered through another replica)."""
+        if not self.known_items or not want:
+            return []
+        first = min(self.known_items)
+        heads: list[KeyValue] = []
+        while len(heads) < want and first + len(heads) in self.known_items:
+            heads.append(self.known_items[first + len(heads)])
+        return heads
 
     async def _claim(self, polls: int) -> list[bytes | None]:
         """Claim up to ``len(polls)`` head items at once, in one round trip when the head
@@ -341,6 +402,7 @@ class StrongQueue:
                 if taken:
                     got += [kv.value for kv in taken]
                     self.head = _sequence(taken[-1].key) + 1
+                    self._forget(self.head)
                     continue
             heads = await self.store.range(self.items, limit=1)
             if not heads:

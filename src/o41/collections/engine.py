@@ -137,12 +137,13 @@ class Engine:
         self.stats = Stats()
         self.memory = Memory(self.store)  # where operations with ids keep their first answers
         self.recent = Recent()  # eventual operations' first answers on this replica
+        # one batch in flight: what arrives meanwhile is the next batch, so a batch's size
+        # follows the load (16 workers: +30% strong sets, +60% strong gets a second against
+        # four in flight, docs/collections.md "Batches")
         self._puts: Combiner[tuple[bytes, bytes, bytes | None], dict[str, Any]] = Combiner(
-            self._put_batch, MAX_TXN_OPS, parallel=4, weight=_put_weight
+            self._put_batch, MAX_TXN_OPS, weight=_put_weight
         )
-        self._gets: Combiner[bytes, KeyValue | None] = Combiner(
-            self._get_batch, MAX_TXN_OPS, parallel=4
-        )
+        self._gets: Combiner[bytes, KeyValue | None] = Combiner(self._get_batch, MAX_TXN_OPS)
         self.locks = Locks(self.store, max_wait, self.memory)
         self._counters: dict[bytes, StrongCounter] = {}
         self._queues: dict[bytes, StrongQueue] = {}
@@ -583,6 +584,9 @@ class Engine:
             self.buffer.discard(len(replica.offers))
             replica.offers.clear()
         await self.store.delete(prefix + b"q/", prefix=True)
+        queue = self._queues.get(prefix)
+        if queue is not None:
+            queue.forget()
         return {}
 
     # barrier

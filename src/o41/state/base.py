@@ -36,6 +36,7 @@ class Compare:
     target "version" with value 0 means "the key does not exist". ``prefix``: every key
     under ``key`` must pass, as etcd compares a range; none there compares as one absent
     key (so ``Compare(p, "version", "==", 0, prefix=True)``: nothing under ``p``).
+    ``end`` (with ``prefix``): only the keys under ``key`` that sort before it.
     """
 
     key: bytes
@@ -43,6 +44,7 @@ class Compare:
     op: Literal["==", "!=", "<", ">"]
     value: bytes | int
     prefix: bool = False
+    end: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

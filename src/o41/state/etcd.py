@@ -140,7 +140,8 @@ def _kv(kv: Any) -> KeyValue:
 def _compare(c: Compare) -> Any:
     message = rpc.Compare(key=c.key, target=_TARGETS[c.target], result=_RESULTS[c.op])
     if c.prefix:
-        message.range_end = prefix_end(c.key)
+        end = prefix_end(c.key)
+        message.range_end = c.end if c.end and (end == b"\0" or c.end < end) else end
     if c.target == "value":
         if not isinstance(c.value, bytes):
             raise TypeError(f"a value compare takes bytes, not {type(c.value).__name__}")

@@ -146,7 +146,7 @@ class MemoryStore:
 
     def _compare(self, c: Compare) -> bool:
         if c.prefix:  # as etcd: every key of the range, or one absent key if none
-            found = self._range(c.key, True)
+            found = self._range(c.key, True, before=c.end)
             return (
                 all(self._compare_kv(c, kv) for kv in found) if found else self._compare_kv(c, None)
             )
