@@ -15,8 +15,9 @@ from o41.collections.once import Memory, Txn, absent, dump, load
 from o41.state.base import Compare, Delete, Get, KeyValue, Op, Put, Store, TxnResult
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
-READ_AHEAD = 16  # head items a keyed poll reads beyond its own, for the next polls
+READ_AHEAD = 32  # head items a keyed poll reads beyond its own, for the next polls
 KNOWN_BYTES = 1 << 20  # a queue's items a replica keeps knowing (their keys and values)
+KNOWN_ITEMS = 1024  # and how many at most
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -308,9 +309,7 @@ class StrongQueue:
                     if found:
                         answers[key] = load(found[0].value).get("value")
                 todo = [key for key in todo if key not in answers]
-                self._forget(None)
-                for kv in seen.results[-1]:
-                    self._learn(kv)
+                self._read(seen.results[-1], ahead.limit)
                 heads = list(seen.results[-1][: len(todo)])
                 if not todo:
                     return answers
@@ -346,15 +345,26 @@ class StrongQueue:
         raise Busy("the queue is contended by other replicas: try again")
 
     def _learn(self, kv: KeyValue) -> None:
-        """Remember an item known to be in etcd (while they fit in :data:`KNOWN_BYTES`)."""
+        """Remember an item known to be in etcd (while they fit in :data:`KNOWN_BYTES` and
+        :data:`KNOWN_ITEMS`)."""
         size = len(kv.key) + len(kv.value)
-        old = self.known_items.get(_sequence(kv.key))
-        if old is not None:
-            self.known_bytes -= len(old.key) + len(old.value)
-            del self.known_items[_sequence(kv.key)]
-        if self.known_bytes + size <= KNOWN_BYTES:
+        if _sequence(kv.key) in self.known_items:
+            self._drop([_sequence(kv.key)])
+        if self.known_bytes + size <= KNOWN_BYTES and len(self.known_items) < KNOWN_ITEMS:
             self.known_items[_sequence(kv.key)] = kv
             self.known_bytes += size
+
+    def _read(self, heads: Sequence[KeyValue], limit: int) -> None:
+        """What a linearizable read of up to ``limit`` head items found: they are the
+        items up to the last of them (a known one among them that it did not find is
+        gone), and there is none after them if it found fewer."""
+        if len(heads) < limit:
+            self._forget(None)
+        elif heads:
+            last = _sequence(heads[-1].key)
+            self._drop([q for q in self.known_items if q <= last])
+        for kv in heads:
+            self._learn(kv)
 
     def forget(self) -> None:
         """The items were deleted (a clear): none is known any more."""
@@ -365,8 +375,11 @@ class StrongQueue:
         if before is None:
             self.known_items.clear()
             self.known_bytes = 0
-            return
-        for sequence in [q for q in self.known_items if q < before]:
+        else:
+            self._drop([q for q in self.known_items if q < before])
+
+    def _drop(self, sequences: list[int]) -> None:
+        for sequence in sequences:
             kv = self.known_items.pop(sequence)
             self.known_bytes -= len(kv.key) + len(kv.value)
 
