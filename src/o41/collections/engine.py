@@ -139,7 +139,7 @@ class Engine:
         self.recent = Recent()  # eventual operations' first answers on this replica
         # one batch in flight: what arrives meanwhile is the next batch, so a batch's size
         # follows the load (16 workers: +30% strong sets, +60% strong gets a second against
-        # four in flight, docs/collections.md "Batches")
+        # four in flight: docs/collections.md, "Strong and eventual")
         self._puts: Combiner[tuple[bytes, bytes, bytes | None], dict[str, Any]] = Combiner(
             self._put_batch, MAX_TXN_OPS, weight=_put_weight
         )
