@@ -12,7 +12,8 @@ For each, p50/p99 and throughput of strong get and set, eventual get, counter ad
 lock's acquire+release (with ``--workers``: that many on one lock, hand-overs a second) and
 a queue's offer and poll (of a queue filled first), 1 and ``--workers`` workers (the
 o41.sky client over its WebSocket, one connection per worker thread), and the CPU each
-service process and etcd's three members spent per operation (from /proc). Raw etcd puts
+service process and etcd's three members spent per operation (from /proc; a poll's
+includes the offers that fill its queue before the round's clock starts). Raw etcd puts
 and gets on the leader are measured in the same rounds for reference. Prints the load
 average before and after.
 
