@@ -15,7 +15,8 @@ from o41.collections.once import Memory, Txn, absent, dump, load
 from o41.state.base import Compare, Delete, Get, KeyValue, Op, Put, Store, TxnResult
 
 MAX_TXN_OPS = 100  # etcd refuses more than 128 operations in one transaction
-READ_AHEAD = 32  # head items a keyed poll reads beyond its own, for the next polls
+READ_AHEAD = 32  # head items a keyed poll reads beyond its own, for the next polls (fewer
+# when they are large: what it reads ahead fits in KNOWN_BYTES)
 KNOWN_BYTES = 1 << 20  # a queue's items a replica keeps knowing (their keys and values)
 KNOWN_ITEMS = 1024  # and how many at most
 
@@ -228,6 +229,7 @@ class StrongQueue:
         # with an operation id claims them in one round trip (see _claim_once)
         self.known_items: dict[int, KeyValue] = {}
         self.known_bytes = 0
+        self.item_size = 0  # the last item's key and value, in bytes: how far to read ahead
 
     async def offer_batch(self, offers: list[tuple[bytes, bytes | None]]) -> list[None]:
         """Offers in one transaction (an offer with an operation key and a repeat of it in
@@ -303,7 +305,8 @@ class StrongQueue:
             if not todo:
                 return answers
             if not heads:
-                ahead = Get(self.items, prefix=True, limit=len(todo) + READ_AHEAD)
+                more = min(READ_AHEAD, KNOWN_BYTES // max(self.item_size, 1))  # large items: fewer
+                ahead = Get(self.items, prefix=True, limit=len(todo) + more)
                 seen = await self.store.txn([], [*map(Get, todo), ahead])
                 for key, found in zip(todo, seen.results, strict=False):
                     if found:
@@ -347,7 +350,7 @@ class StrongQueue:
     def _learn(self, kv: KeyValue) -> None:
         """Remember an item known to be in etcd (while they fit in :data:`KNOWN_BYTES` and
         :data:`KNOWN_ITEMS`)."""
-        size = len(kv.key) + len(kv.value)
+        size = self.item_size = len(kv.key) + len(kv.value)
         if _sequence(kv.key) in self.known_items:
             self._drop([_sequence(kv.key)])
         if self.known_bytes + size <= KNOWN_BYTES and len(self.known_items) < KNOWN_ITEMS:
