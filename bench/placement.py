@@ -121,29 +121,67 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
 Loaded = tuple[float, list[float], int]
 
 
+@dataclass(frozen=True)
+class Target:
+    """A begin load's target: its URL, the pid of the server that answers it and the pids
+    of what that server calls (etcd's members), for CPU a request."""
+
+    url: str
+    pid: int
+    behind: tuple[int, ...] = ()
+
+
+#: a round's CPU a request, microseconds: (the server's, etcd's, the load generator's)
+Cpu = tuple[float, float, float]
+
+
+def loaded_with_cpu(
+    target: Target, body: bytes, headers: dict[str, str], clients: int, seconds: float
+) -> tuple[Loaded, Cpu]:
+    """One round of the load on ``target``, and the CPU each request cost the server,
+    etcd and the load generator (this process): which of them bounds the round."""
+    server, behind, mine = (
+        cpu_seconds(target.pid),
+        sum(cpu_seconds(p) for p in target.behind),
+        sum(os.times()[:2]),
+    )
+    loaded = asyncio.run(load(target.url, body, headers, clients, seconds))
+    n = max(len(loaded[1]), 1)
+    cpu = (
+        (cpu_seconds(target.pid) - server) / n * 1e6,
+        (sum(cpu_seconds(p) for p in target.behind) - behind) / n * 1e6,
+        (sum(os.times()[:2]) - mine) / n * 1e6,
+    )
+    return loaded, cpu
+
+
 def begin_rounds(
-    targets: dict[str, str],
+    targets: dict[str, Target],
     body: bytes,
     headers: dict[str, str],
     clients: int,
     seconds: float,
     args: argparse.Namespace,
-) -> dict[str, list[Loaded]]:
+) -> tuple[dict[str, list[Loaded]], dict[str, list[Cpu]]]:
     """The begin load on each target, ``--begin-rounds`` times, alternated (each round
     starts one target later, so no target always follows the same one)."""
     measured: dict[str, list[Loaded]] = {label: [] for label in targets}
+    cpus: dict[str, list[Cpu]] = {label: [] for label in targets}
     labels = list(targets)
     for n in range(args.begin_rounds):
         for label in labels[n % len(labels) :] + labels[: n % len(labels)]:
-            measured[label].append(
-                asyncio.run(load(targets[label], body, headers, clients, seconds))
-            )
-    return measured
+            loaded, cpu = loaded_with_cpu(targets[label], body, headers, clients, seconds)
+            measured[label].append(loaded)
+            cpus[label].append(cpu)
+    return measured, cpus
 
 
-def print_begins(begins: dict[str, list[Loaded]], clients: int, seconds: float) -> None:
-    """Each target's rounds, then its median round (by requests/s) and the ratio of each
-    service's median to the ceiling's."""
+def print_begins(
+    begins: dict[str, list[Loaded]], cpus: dict[str, list[Cpu]], clients: int, seconds: float
+) -> None:
+    """Each target's rounds, then its median round (by requests/s), the ratio of each
+    service's median to the ceiling's, each round's ratio, and the median CPU a request of
+    the server, etcd and the load generator."""
     rounds = len(next(iter(begins.values())))
     print(f"{clients} concurrent clients for {seconds:.0f} s, {rounds} round(s) each, alternated")
     medians: dict[str, Loaded] = {}
@@ -154,8 +192,15 @@ def print_begins(begins: dict[str, list[Loaded]], clients: int, seconds: float) 
     for label, median in medians.items():
         print(row(label, *median))
     ceiling = next(iter(medians.values()))[0]
+    ceilings = [r[0] for r in next(iter(begins.values()))]
     for label, median in list(medians.items())[1:]:
         print(f"{label} reaches {median[0] / ceiling:.0%} of the ceiling's requests/s")
+        each = " ".join(f"{r[0] / c:.0%}" for r, c in zip(begins[label], ceilings, strict=True))
+        print(f"  round by round (same round's ceiling): {each}")
+    print("CPU a request, median of the rounds (us): server, etcd (3 members), load generator")
+    for label, each_cpu in cpus.items():
+        server, etcd, generator = (statistics.median(c[i] for c in each_cpu) for i in range(3))
+        print(f"  {label:<34} {server:6.0f} {etcd:6.0f} {generator:6.0f}")
 
 
 # ------------------------------------------------------------------------------ transfers
@@ -553,9 +598,14 @@ def main() -> int:
             ).start()
             started.append(bare)
             bare.wait_ready(lambda: port_open(bare_port))
+            members = tuple(m.pid for m in etcd.members) if args.store == "etcd" else ()
             targets = {
-                "ceiling: bare aiohttp JSON handler": f"http://{LOOPBACK}:{bare_port}/v1/writes",
-                f"begin (placement service, {args.store})": f"{service.url}/v1/writes",
+                "ceiling: bare aiohttp JSON handler": Target(
+                    f"http://{LOOPBACK}:{bare_port}/v1/writes", bare.pid
+                ),
+                f"begin (placement service, {args.store})": Target(
+                    f"{service.url}/v1/writes", service.server.pid, members
+                ),
             }
             if args.against:
                 other = PlacementProcess(
@@ -566,7 +616,9 @@ def main() -> int:
                 ).start()
                 assert other.server is not None
                 started.append(other.server)
-                targets[f"begin, --against {args.against}"] = f"{other.url}/v1/writes"
+                targets[f"begin, --against {args.against}"] = Target(
+                    f"{other.url}/v1/writes", other.server.pid, members
+                )
             body = json.dumps(
                 {
                     "organization": "bench",
@@ -576,9 +628,10 @@ def main() -> int:
                 }
             ).encode()
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-            for url in list(targets.values())[1:]:
-                asyncio.run(load(url, body, headers, 4, 1))  # warm caches
-            begins = begin_rounds(targets, body, headers, args.clients, args.seconds, args)
+            for target in list(targets.values())[1:]:
+                asyncio.run(load(target.url, body, headers, 4, 1))  # warm caches
+            print(f"{os.cpu_count()} cores; load average before the begins {os.getloadavg()}")
+            begins, cpus = begin_rounds(targets, body, headers, args.clients, args.seconds, args)
 
         print(f"{os.cpu_count()} cores; load average before {os.getloadavg()}")
         results: dict[tuple[str, str], list[Run]] = {}
@@ -599,7 +652,7 @@ def main() -> int:
             results = transfers.run(args.rounds)
         print(f"load average after {os.getloadavg()}")
         if not args.transfers_only:
-            print_begins(begins, args.clients, args.seconds)
+            print_begins(begins, cpus, args.clients, args.seconds)
         if not args.begin_only:
             print_transfers(results, args.mib, args.rounds)
         print(
