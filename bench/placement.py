@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,10 +130,24 @@ class Target:
     url: str
     pid: int
     behind: tuple[int, ...] = ()
+    metrics: str | None = None  # the service's /metrics: its transactions to etcd
 
 
-#: a round's CPU a request, microseconds: (the server's, etcd's, the load generator's)
-Cpu = tuple[float, float, float]
+#: a round's CPU a request, microseconds (the server's, etcd's, the load generator's), and
+#: the requests a transaction to etcd (the group commit's batch; 0: not counted)
+Cpu = tuple[float, float, float, float]
+
+
+def transactions(metrics: str | None) -> float:
+    """The service's transactions to the state store so far (0 without ``metrics``)."""
+    if metrics is None:
+        return 0.0
+    with urllib.request.urlopen(metrics, timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith('o41_state_store_requests_total{operation="txn"}'):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def loaded_with_cpu(
@@ -140,6 +155,7 @@ def loaded_with_cpu(
 ) -> tuple[Loaded, Cpu]:
     """One round of the load on ``target``, and the CPU each request cost the server,
     etcd and the load generator (this process): which of them bounds the round."""
+    txns = transactions(target.metrics)
     server, behind, mine = (
         cpu_seconds(target.pid),
         sum(cpu_seconds(p) for p in target.behind),
@@ -151,6 +167,7 @@ def loaded_with_cpu(
         (cpu_seconds(target.pid) - server) / n * 1e6,
         (sum(cpu_seconds(p) for p in target.behind) - behind) / n * 1e6,
         (sum(os.times()[:2]) - mine) / n * 1e6,
+        n / max(transactions(target.metrics) - txns, 1) if target.metrics else 0.0,
     )
     return loaded, cpu
 
@@ -197,10 +214,15 @@ def print_begins(
         print(f"{label} reaches {median[0] / ceiling:.0%} of the ceiling's requests/s")
         each = " ".join(f"{r[0] / c:.0%}" for r, c in zip(begins[label], ceilings, strict=True))
         print(f"  round by round (same round's ceiling): {each}")
-    print("CPU a request, median of the rounds (us): server, etcd (3 members), load generator")
+    print(
+        "CPU a request, median of the rounds (us): server, etcd (3 members), load generator; "
+        "requests a transaction to etcd"
+    )
     for label, each_cpu in cpus.items():
-        server, etcd, generator = (statistics.median(c[i] for c in each_cpu) for i in range(3))
-        print(f"  {label:<34} {server:6.0f} {etcd:6.0f} {generator:6.0f}")
+        server, etcd, generator, batch = (
+            statistics.median(c[i] for c in each_cpu) for i in range(4)
+        )
+        print(f"  {label:<34} {server:6.0f} {etcd:6.0f} {generator:6.0f} {batch:6.1f}")
 
 
 # ------------------------------------------------------------------------------ transfers
@@ -604,7 +626,10 @@ def main() -> int:
                     f"http://{LOOPBACK}:{bare_port}/v1/writes", bare.pid
                 ),
                 f"begin (placement service, {args.store})": Target(
-                    f"{service.url}/v1/writes", service.server.pid, members
+                    f"{service.url}/v1/writes",
+                    service.server.pid,
+                    members,
+                    f"{service.url}/metrics",
                 ),
             }
             if args.against:
@@ -617,7 +642,7 @@ def main() -> int:
                 assert other.server is not None
                 started.append(other.server)
                 targets[f"begin, --against {args.against}"] = Target(
-                    f"{other.url}/v1/writes", other.server.pid, members
+                    f"{other.url}/v1/writes", other.server.pid, members, f"{other.url}/metrics"
                 )
             body = json.dumps(
                 {
