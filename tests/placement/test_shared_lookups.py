@@ -216,3 +216,18 @@ def test_a_pending_record_reads_back_as_it_was_written() -> None:
     raw = pending.dump()
     assert b", " not in raw and b": " not in raw  # compact
     assert Pending.load(raw) == pending
+
+
+async def test_the_service_keeps_what_it_started_with_out_of_full_collections() -> None:
+    import gc
+
+    from aiohttp import web
+
+    from o41.webhook.__main__ import freeze_heap
+
+    kept = [object() for _ in range(10)]  # a start's clients and view, as far as gc sees
+    try:
+        await freeze_heap(web.Application())
+        assert gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()  # the rest of the test run collects as before
