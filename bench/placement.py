@@ -3,7 +3,9 @@
 Starts a control plane, the S3 stand-in (versitygw), a 3-member etcd, the operator and the
 service (all on 127.0.0.1), then prints:
 - begin requests per second and p50/p99 with concurrent clients, and the same load
-  against a bare aiohttp JSON handler (the ceiling);
+  against a bare aiohttp JSON handler (the ceiling); each round's ratio to its ceiling,
+  and per target the CPU a request of the server, etcd's members and the load generator
+  (this process) and the begins a transaction to etcd: which process bounds a round;
 - upload and download of one file (1 GiB by default) through our client vs boto3
   (upload_file/download_file with the default TransferConfig, and with max_concurrency
   matched to ours) vs s5cmd (the ceiling), all to the same versitygw gateway (its own port,
