@@ -3,7 +3,9 @@
 Starts a control plane, the S3 stand-in (versitygw), a 3-member etcd, the operator and the
 service (all on 127.0.0.1), then prints:
 - begin requests per second and p50/p99 with concurrent clients, and the same load
-  against a bare aiohttp JSON handler (the ceiling);
+  against a bare aiohttp JSON handler (the ceiling); each round's ratio to its ceiling,
+  and per target the CPU a request of the server, etcd's members and the load generator
+  (this process) and the begins a transaction to etcd: which process bounds a round;
 - upload and download of one file (1 GiB by default) through our client vs boto3
   (upload_file/download_file with the default TransferConfig, and with max_concurrency
   matched to ours) vs s5cmd (the ceiling), all to the same versitygw gateway (its own port,
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,29 +124,83 @@ def row(label: str, rps: float, latencies: list[float], errors: int) -> str:
 Loaded = tuple[float, list[float], int]
 
 
+@dataclass(frozen=True)
+class Target:
+    """A begin load's target: its URL, the pid of the server that answers it and the pids
+    of what that server calls (etcd's members), for CPU a request."""
+
+    url: str
+    pid: int
+    behind: tuple[int, ...] = ()
+    metrics: str | None = None  # the service's /metrics: its transactions to etcd
+
+
+#: a round's CPU a request, microseconds (the server's, etcd's, the load generator's), and
+#: the requests a transaction to etcd (the group commit's batch; 0: not counted)
+Cpu = tuple[float, float, float, float]
+
+
+def transactions(metrics: str | None) -> float:
+    """The service's transactions to the state store so far (0 without ``metrics``)."""
+    if metrics is None:
+        return 0.0
+    with urllib.request.urlopen(metrics, timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith('o41_state_store_requests_total{operation="txn"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def loaded_with_cpu(
+    target: Target, body: bytes, headers: dict[str, str], clients: int, seconds: float
+) -> tuple[Loaded, Cpu]:
+    """One round of the load on ``target``, and the CPU each request cost the server,
+    etcd and the load generator (this process): which of them bounds the round."""
+    txns = transactions(target.metrics)
+    server, behind, mine = (
+        cpu_seconds(target.pid),
+        sum(cpu_seconds(p) for p in target.behind),
+        sum(os.times()[:2]),
+    )
+    loaded = asyncio.run(load(target.url, body, headers, clients, seconds))
+    n = max(len(loaded[1]), 1)
+    cpu = (
+        (cpu_seconds(target.pid) - server) / n * 1e6,
+        (sum(cpu_seconds(p) for p in target.behind) - behind) / n * 1e6,
+        (sum(os.times()[:2]) - mine) / n * 1e6,
+        n / max(transactions(target.metrics) - txns, 1) if target.metrics else 0.0,
+    )
+    return loaded, cpu
+
+
 def begin_rounds(
-    targets: dict[str, str],
+    targets: dict[str, Target],
     body: bytes,
     headers: dict[str, str],
     clients: int,
     seconds: float,
     args: argparse.Namespace,
-) -> dict[str, list[Loaded]]:
+) -> tuple[dict[str, list[Loaded]], dict[str, list[Cpu]]]:
     """The begin load on each target, ``--begin-rounds`` times, alternated (each round
     starts one target later, so no target always follows the same one)."""
     measured: dict[str, list[Loaded]] = {label: [] for label in targets}
+    cpus: dict[str, list[Cpu]] = {label: [] for label in targets}
     labels = list(targets)
     for n in range(args.begin_rounds):
         for label in labels[n % len(labels) :] + labels[: n % len(labels)]:
-            measured[label].append(
-                asyncio.run(load(targets[label], body, headers, clients, seconds))
-            )
-    return measured
+            loaded, cpu = loaded_with_cpu(targets[label], body, headers, clients, seconds)
+            measured[label].append(loaded)
+            cpus[label].append(cpu)
+    return measured, cpus
 
 
-def print_begins(begins: dict[str, list[Loaded]], clients: int, seconds: float) -> None:
-    """Each target's rounds, then its median round (by requests/s) and the ratio of each
-    service's median to the ceiling's."""
+def print_begins(
+    begins: dict[str, list[Loaded]], cpus: dict[str, list[Cpu]], clients: int, seconds: float
+) -> None:
+    """Each target's rounds, then its median round (by requests/s), the ratio of each
+    service's median to the ceiling's, each round's ratio, and the median CPU a request of
+    the server, etcd and the load generator."""
     rounds = len(next(iter(begins.values())))
     print(f"{clients} concurrent clients for {seconds:.0f} s, {rounds} round(s) each, alternated")
     medians: dict[str, Loaded] = {}
@@ -154,8 +211,20 @@ def print_begins(begins: dict[str, list[Loaded]], clients: int, seconds: float) 
     for label, median in medians.items():
         print(row(label, *median))
     ceiling = next(iter(medians.values()))[0]
+    ceilings = [r[0] for r in next(iter(begins.values()))]
     for label, median in list(medians.items())[1:]:
         print(f"{label} reaches {median[0] / ceiling:.0%} of the ceiling's requests/s")
+        each = " ".join(f"{r[0] / c:.0%}" for r, c in zip(begins[label], ceilings, strict=True))
+        print(f"  round by round (same round's ceiling): {each}")
+    print(
+        "CPU a request, median of the rounds (us): server, etcd (3 members), load generator; "
+        "requests a transaction to etcd"
+    )
+    for label, each_cpu in cpus.items():
+        server, etcd, generator, batch = (
+            statistics.median(c[i] for c in each_cpu) for i in range(4)
+        )
+        print(f"  {label:<34} {server:6.0f} {etcd:6.0f} {generator:6.0f} {batch:6.1f}")
 
 
 # ------------------------------------------------------------------------------ transfers
@@ -553,9 +622,17 @@ def main() -> int:
             ).start()
             started.append(bare)
             bare.wait_ready(lambda: port_open(bare_port))
+            members = tuple(m.pid for m in etcd.members) if args.store == "etcd" else ()
             targets = {
-                "ceiling: bare aiohttp JSON handler": f"http://{LOOPBACK}:{bare_port}/v1/writes",
-                f"begin (placement service, {args.store})": f"{service.url}/v1/writes",
+                "ceiling: bare aiohttp JSON handler": Target(
+                    f"http://{LOOPBACK}:{bare_port}/v1/writes", bare.pid
+                ),
+                f"begin (placement service, {args.store})": Target(
+                    f"{service.url}/v1/writes",
+                    service.server.pid,
+                    members,
+                    f"{service.url}/metrics",
+                ),
             }
             if args.against:
                 other = PlacementProcess(
@@ -566,7 +643,9 @@ def main() -> int:
                 ).start()
                 assert other.server is not None
                 started.append(other.server)
-                targets[f"begin, --against {args.against}"] = f"{other.url}/v1/writes"
+                targets[f"begin, --against {args.against}"] = Target(
+                    f"{other.url}/v1/writes", other.server.pid, members, f"{other.url}/metrics"
+                )
             body = json.dumps(
                 {
                     "organization": "bench",
@@ -576,9 +655,10 @@ def main() -> int:
                 }
             ).encode()
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-            for url in list(targets.values())[1:]:
-                asyncio.run(load(url, body, headers, 4, 1))  # warm caches
-            begins = begin_rounds(targets, body, headers, args.clients, args.seconds, args)
+            for target in list(targets.values())[1:]:
+                asyncio.run(load(target.url, body, headers, 4, 1))  # warm caches
+            print(f"{os.cpu_count()} cores; load average before the begins {os.getloadavg()}")
+            begins, cpus = begin_rounds(targets, body, headers, args.clients, args.seconds, args)
 
         print(f"{os.cpu_count()} cores; load average before {os.getloadavg()}")
         results: dict[tuple[str, str], list[Run]] = {}
@@ -599,7 +679,7 @@ def main() -> int:
             results = transfers.run(args.rounds)
         print(f"load average after {os.getloadavg()}")
         if not args.transfers_only:
-            print_begins(begins, args.clients, args.seconds)
+            print_begins(begins, cpus, args.clients, args.seconds)
         if not args.begin_only:
             print_transfers(results, args.mib, args.rounds)
         print(

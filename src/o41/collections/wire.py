@@ -1,5 +1,6 @@
 """The JSON of the collections' WebSocket messages, on both sides: orjson where it can,
-the standard library where it cannot.
+the standard library where it cannot
+(``o41.core.jsontext``, which the placement service's answers and records use too).
 
 A message is encoded and decoded once on each side of every operation; orjson does that
 in a tenth of the time (an operation's message 0.3 us against 4.8, an answer 0.5 against
@@ -14,34 +15,8 @@ of seconds >= 0"). Without orjson installed, the standard library does it all.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-try:
-    import orjson
-except ImportError:  # pragma: no cover - a dependency; the standard library still works
-    orjson = None  # type: ignore[assignment]
+from o41.core.jsontext import FAST, dumps, loads
 
 PROTOCOL = "o41.collections.v2"  # the WebSocket subprotocol: v1 and quiet messages
-FAST = orjson is not None  # whether orjson does the work
-_encode = json.JSONEncoder(separators=(",", ":")).encode
 
-
-def dumps(message: Any) -> bytes:
-    """``message`` as compact JSON, UTF-8."""
-    if orjson is not None:
-        try:
-            return orjson.dumps(message)
-        except TypeError:  # orjson.JSONEncodeError: past 64 bits, a lone surrogate
-            pass
-    return _encode(message).encode()
-
-
-def loads(data: bytes | str) -> Any:
-    """The JSON text ``data``; ``ValueError`` when it is not JSON."""
-    if orjson is not None:
-        try:
-            return orjson.loads(data)
-        except ValueError:  # orjson.JSONDecodeError: NaN, a number past 64 bits, ...
-            pass
-    return json.loads(data)
+__all__ = ["FAST", "PROTOCOL", "dumps", "loads"]

@@ -11,6 +11,7 @@ and nothing else. Listens on 127.0.0.1 unless told otherwise; the chart passes `
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -19,6 +20,15 @@ from aiohttp import web
 
 from o41 import logs
 from o41.core.addresses import ALLOW_ENV, parse_networks
+
+
+async def freeze_heap(app: web.Application) -> None:
+    """What the service holds from its start on (modules, the Kubernetes and SDK clients,
+    the view of the cluster) is kept out of the garbage collector's full passes: in the
+    begin load one such pass over about 200,000 objects took about 190 ms, with the
+    requests waiting; young objects are collected as before (issue 41)."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         trust_allowed=allowed,
     )
     app = make_collections_app(settings) if args.serve == "collections" else make_app(settings)
+    app.on_startup.append(freeze_heap)  # after the app's own startup: its clients made
     web.run_app(
         app,
         host=args.host,

@@ -27,6 +27,7 @@ from o41.webhook.collections import routes as collections
 from o41.webhook.directories import routes as directories_routes
 from o41.webhook.health import healthz, readyz, until_synced
 from o41.webhook.http import errors, request_ids
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import COLLECTIONS_STORE, STORE
 from o41.webhook.identity import auth
@@ -168,7 +169,7 @@ async def metrics_listener(app: web.Application) -> AsyncIterator[None]:
 async def openapi(request: web.Request) -> web.Response:
     from o41.webhook.openapi import document
 
-    return web.json_response(document())
+    return json_answer(document())
 
 
 def make_app(

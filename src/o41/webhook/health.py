@@ -13,6 +13,7 @@ from typing_extensions import TypedDict
 from o41 import __version__
 from o41.webhook.cluster.view import VIEW
 from o41.webhook.http import errors
+from o41.webhook.http.answers import json_answer
 
 
 class Health(TypedDict):
@@ -22,7 +23,7 @@ class Health(TypedDict):
 
 async def healthz(request: web.Request) -> web.Response:
     up: Health = {"status": "ok", "version": __version__}
-    return web.json_response(up)
+    return json_answer(up)
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -30,7 +31,7 @@ async def readyz(request: web.Request) -> web.Response:
     if not request.app[VIEW].synced.is_set():
         raise errors.problem(503, "not ready: the view of the cluster is still loading")
     ready: Health = {"status": "ready"}
-    return web.json_response(ready)
+    return json_answer(ready)
 
 
 #: Seconds a client is told to wait while the view loads (it takes about one).

@@ -34,6 +34,7 @@ from o41.webhook.collections import routes as collections
 from o41.webhook.collections.operations import ROUTE as COLLECTIONS_ROUTE
 from o41.webhook.health import Health, healthz
 from o41.webhook.http import errors, request_ids
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.settings import SETTINGS, Settings
 from o41.webhook.http.store import STORE
 from o41.webhook.identity import auth
@@ -125,7 +126,7 @@ async def readyz(request: web.Request) -> web.Response:
             503, f"not ready: the state store did not answer a read ({type(e).__name__})"
         ) from None
     ready: Health = {"status": "ready"}
-    return web.json_response(ready)
+    return json_answer(ready)
 
 
 @web.middleware

@@ -233,6 +233,7 @@ class Secrets:
     def __init__(self, api: Any, namespace: str, ttl: float = 60.0) -> None:
         self._api, self._namespace, self._ttl = api, namespace, ttl
         self._cache: dict[str, tuple[float, dict[str, str]]] = {}
+        self._reading: dict[str, asyncio.Future[dict[str, str]]] = {}  # reads under way
 
     async def credentials(self, location: Location) -> dict[str, str] | None:
         """The location's Secret data (the same object until the cache refreshes it)."""
@@ -243,7 +244,19 @@ class Secrets:
         hit = self._cache.get(name)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        data = await asyncio.to_thread(self._read, name)
+        reading = self._reading.get(name)
+        if reading is None:  # one read a Secret at a time: the begins waiting share it
+            reading = self._reading[name] = asyncio.ensure_future(self._fresh(name))
+        return await asyncio.shield(reading)
+
+    async def _fresh(self, name: str) -> dict[str, str]:
+        """The Secret read again, cached. Concurrent begins share the read: each read of
+        its own made a new data object, so each opened the location's bucket again
+        (``o41.webhook.buckets.Buckets`` keeps an open bucket by that object)."""
+        try:
+            data = await asyncio.to_thread(self._read, name)
+        finally:
+            del self._reading[name]
         self._cache[name] = (time.monotonic() + self._ttl, data)
         return data
 

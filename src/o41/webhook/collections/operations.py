@@ -20,6 +20,7 @@ from o41.webhook import telemetry
 from o41.webhook.collections.answers import CollectionsUsage
 from o41.webhook.collections.quota import FREEING, Quota, cost, sent
 from o41.webhook.collections.service import COLLECTIONS
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.errors import problem
 from o41.webhook.identity import auth
 
@@ -43,7 +44,7 @@ async def handle(request: web.Request) -> web.Response:
     engine, quota = engine_of(request), request.app[COLLECTIONS].quota
     caller = auth.caller(request).tenant, request[auth.CREDENTIAL].token
     result = await perform(engine, caller[0], *where, args, quota, caller[1])
-    return web.json_response(result)
+    return json_answer(result)
 
 
 async def perform(
@@ -105,7 +106,7 @@ async def usage(request: web.Request) -> web.Response:
     if quota is None:
         raise problem(503, "the collections are starting: try again")
     quota.take(request[auth.CREDENTIAL].token, 0)  # a rate refusal is errors' 429
-    return web.json_response(await namespace_usage(quota, auth.caller(request).tenant))
+    return json_answer(await namespace_usage(quota, auth.caller(request).tenant))
 
 
 async def namespace_usage(quota: Quota, namespace: str) -> CollectionsUsage:

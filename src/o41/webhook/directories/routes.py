@@ -8,6 +8,7 @@ from o41.core.directories import MAX_FILES
 from o41.core.jsonlimits import MAX_CONTAINERS
 from o41.webhook.directories import read, write
 from o41.webhook.directories.write import DirectoryBeginIn, DirectoryCommitIn
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.bodies import parse
 from o41.webhook.http.errors import problem
 from o41.webhook.identity.auth import caller
@@ -24,7 +25,7 @@ async def begin_directory(request: web.Request) -> web.Response:
         request, DirectoryBeginIn, containers=MAX_FILES + MAX_CONTAINERS
     )
     began = await write.begin(request.app, caller(request), body)
-    return web.json_response(began, status=201)
+    return json_answer(began, status=201)
 
 
 @routes.post("/v1/directories/{version}/commit")
@@ -32,7 +33,7 @@ async def commit_directory(request: web.Request) -> web.Response:
     """Make a directory version readable, once the bucket holds every file."""
     body: DirectoryCommitIn = await parse(request, DirectoryCommitIn)
     version = request.match_info["version"]
-    return web.json_response(await write.commit(request.app, caller(request), version, body))
+    return json_answer(await write.commit(request.app, caller(request), version, body))
 
 
 @routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}/files")
@@ -52,7 +53,7 @@ async def list_files(request: web.Request) -> web.Response:
         reader,
         download=flag == "true",
     )
-    return web.json_response(found)
+    return json_answer(found)
 
 
 @routes.get(
@@ -72,4 +73,4 @@ async def read_file(request: web.Request) -> web.Response:
         reader,
         again=again_of(request),
     )
-    return web.json_response(found)
+    return json_answer(found)

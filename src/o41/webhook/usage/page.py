@@ -42,6 +42,7 @@ from o41.state import Store, StoreUnavailable
 from o41.webhook.cluster.scope import organization_for
 from o41.webhook.cluster.view import VIEW, OrganizationView
 from o41.webhook.http import errors
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.errors import problem
 from o41.webhook.http.store import STORE
 from o41.webhook.identity import auth
@@ -273,9 +274,9 @@ async def usage_json(request: web.Request) -> web.Response:
     if raw not in ("true", "false"):
         raise problem(400, f"records must be true or false, got {raw!r}")
     if raw == "true":
-        return web.json_response(await record_page(request, org.name, window))
+        return json_answer(await record_page(request, org.name, window))
     rep = await usage_report(request, org, window)
-    return web.json_response(report_json(org.name, rep))
+    return json_answer(report_json(org.name, rep))
 
 
 # --- who asks ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.bodies import parse
 from o41.webhook.http.errors import problem
 from o41.webhook.identity.auth import caller
@@ -34,7 +35,7 @@ def page(request: web.Request) -> tuple[str | None, int | None]:
 async def artifacts(request: web.Request) -> web.Response:
     """An organization's artifacts, by name, a page at a time."""
     cursor, limit = page(request)
-    return web.json_response(
+    return json_answer(
         await listing.list_artifacts(
             request.app,
             caller(request),
@@ -50,7 +51,7 @@ async def list_versions(request: web.Request) -> web.Response:
     """An artifact's versions, newest first, a page at a time."""
     cursor, limit = page(request)
     m = request.match_info
-    return web.json_response(
+    return json_answer(
         await listing.list_versions(
             request.app,
             caller(request),
@@ -66,7 +67,7 @@ async def list_versions(request: web.Request) -> web.Response:
 async def tags(request: web.Request) -> web.Response:
     """An artifact's tags and the versions they point at."""
     m = request.match_info
-    return web.json_response(
+    return json_answer(
         await tagging.list_tags(request.app, caller(request), m["organization"], m["artifact"])
     )
 
@@ -75,7 +76,7 @@ async def tags(request: web.Request) -> web.Response:
 async def resolve(request: web.Request) -> web.Response:
     """The version a tag (or ``latest``, or an id) names, without a download."""
     m = request.match_info
-    return web.json_response(
+    return json_answer(
         await refs.describe(
             request.app, caller(request), m["organization"], m["artifact"], m["tag"]
         )
@@ -87,7 +88,7 @@ async def move_tag(request: web.Request) -> web.Response:
     """Point a tag at a version; compare-and-set when the body says what it expects."""
     body: TagIn = await parse(request, TagIn)
     m = request.match_info
-    return web.json_response(
+    return json_answer(
         await tagging.move_tag(
             request.app,
             caller(request),
@@ -103,7 +104,7 @@ async def move_tag(request: web.Request) -> web.Response:
 async def delete_tag(request: web.Request) -> web.Response:
     """Delete a tag; with ``?expected=VERSION``, only if it points there."""
     m = request.match_info
-    return web.json_response(
+    return json_answer(
         await tagging.delete_tag(
             request.app,
             caller(request),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from o41.webhook.http.answers import json_answer
 from o41.webhook.http.bodies import parse
 from o41.webhook.identity.auth import caller
 from o41.webhook.writes import begin as beginning
@@ -22,14 +23,14 @@ async def begin(request: web.Request) -> web.Response:
     """Choose the location for a new version and hand out pre-signed upload requests."""
     body: BeginIn = await parse(request, BeginIn)
     began = await beginning.begin(request.app, caller(request), body)
-    return web.json_response(began, status=201)
+    return json_answer(began, status=201)
 
 
 @routes.get("/v1/writes/{version}")
 async def progress(request: web.Request) -> web.Response:
     """A pending write and the parts its bucket holds: what a resume need not send."""
     version = request.match_info["version"]
-    return web.json_response(await pending.progress(request.app, caller(request), version))
+    return json_answer(await pending.progress(request.app, caller(request), version))
 
 
 @routes.post("/v1/writes/{version}/parts")
@@ -37,7 +38,7 @@ async def resign(request: web.Request) -> web.Response:
     """Sign the upload of some parts of a pending multipart write again."""
     body: PartsIn = await parse(request, PartsIn)
     version = request.match_info["version"]
-    return web.json_response(await pending.resign(request.app, caller(request), version, body))
+    return json_answer(await pending.resign(request.app, caller(request), version, body))
 
 
 @routes.post("/v1/writes/{version}/commit")
@@ -45,7 +46,7 @@ async def commit(request: web.Request) -> web.Response:
     """Make a version readable, once the bucket really holds what was declared."""
     body: CommitIn = await parse(request, CommitIn)
     version = request.match_info["version"]
-    return web.json_response(await committing.commit(request.app, caller(request), version, body))
+    return json_answer(await committing.commit(request.app, caller(request), version, body))
 
 
 @routes.get("/v1/organizations/{organization}/artifacts/{artifact}/versions/{version}")
@@ -62,4 +63,4 @@ async def read(request: web.Request) -> web.Response:
         reader,
         again=again_of(request),
     )
-    return web.json_response(found)
+    return json_answer(found)
