@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -323,6 +324,34 @@ async def test_an_eventual_counter_reads_its_own_adds_while_they_are_written() -
     await engine.flush()
     assert await stored_counter(store) == b"45"
     assert (await call(engine, "counter", "c", "get", consistency="eventual"))["value"] == 45
+    await engine.close()
+
+
+@pytest.mark.parametrize("ids", [False, True], ids=["plain", "with operation ids"])
+async def test_an_eventual_poll_takes_its_own_offers_while_they_are_written(ids: bool) -> None:
+    """Read-your-writes holds for a queue during a flush: offers the replica is writing
+    are neither buffered nor in etcd yet, so a poll that finds neither waits for that
+    write and then claims them, in order (seen end to end as ``[3, None, 4]``)."""
+    store = HeldWrites()
+    engine = Engine(store, flush_interval=3600)
+    loop = asyncio.get_running_loop()
+
+    def poll() -> Awaitable[dict[str, Any]]:
+        once = {"operation": uuid.uuid4().hex} if ids else {}
+        return call(engine, "queue", "q", "poll", consistency="eventual", **once)
+
+    for n in (3, 4):
+        await call(engine, "queue", "q", "offer", value=b"%d" % n, consistency="eventual")
+    flushing = loop.create_task(engine.flush())
+    await until(lambda: store.txns == 1, "the offers' write in flight")
+    polling = asyncio.ensure_future(poll())
+    for _ in range(10):  # the poll reaches the replica while the write is held
+        await asyncio.sleep(0)
+    assert not polling.done()  # it waits for the write, where it answered None
+    store.release.set()
+    await flushing
+    polls = [await polling, await poll(), await poll()]
+    assert [p["value"] for p in polls] == [b"3", b"4", None]
     await engine.close()
 
 

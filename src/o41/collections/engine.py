@@ -563,7 +563,11 @@ class Engine:
         value = await self._queue(prefix).polls.submit(once)
         if value is None and eventual:
             replica = self._replicas.get(prefix + b"q/")
-            if replica is not None and replica.offers:
+            writing = None if replica is None else replica.offers_writing
+            if writing is not None:  # its own offers, neither buffered nor in etcd yet
+                await asyncio.shield(writing)
+                value = await self._queue(prefix).polls.submit(once)
+            if value is None and replica is not None and replica.offers:
                 taken = {"found": True, "value": replica.offers.pop(0)}
                 self.buffer.discard(1)
                 if once is not None:  # an offer not in etcd yet: its answer in memory
@@ -876,16 +880,25 @@ class Engine:
         """Offers as counter adds: a clean failure keeps them, a doubtful one drops them."""
         queue = self._queue(replica.prefix[: -len(b"q/")])
         await queue.refresh()  # raises with nothing written: the offers stay buffered
-        while replica.offers:
-            chunk = replica.offers[: MAX_TXN_OPS - 1]
-            del replica.offers[: len(chunk)]
-            try:
-                await queue.offer_batch([(value, None) for value in chunk])
-            except StoreUnavailable as e:
-                self.stats.dropped += len(chunk)
-                log.warning("%d eventual offers ended in doubt and were dropped: %s", len(chunk), e)
-                raise
-            self.stats.flushed += len(chunk)
+        # while a chunk is written it is neither buffered nor known in etcd: an eventual
+        # poll that finds neither waits for this write (read-your-writes), then claims
+        written = replica.offers_writing = asyncio.get_running_loop().create_future()
+        try:
+            while replica.offers:
+                chunk = replica.offers[: MAX_TXN_OPS - 1]
+                del replica.offers[: len(chunk)]
+                try:
+                    await queue.offer_batch([(value, None) for value in chunk])
+                except StoreUnavailable as e:
+                    self.stats.dropped += len(chunk)
+                    log.warning(
+                        "%d eventual offers ended in doubt and were dropped: %s", len(chunk), e
+                    )
+                    raise
+                self.stats.flushed += len(chunk)
+        finally:
+            replica.offers_writing = None
+            written.set_result(None)
 
     async def close(self) -> None:
         """Write out what is buffered (on a clean shutdown nothing acknowledged is lost),

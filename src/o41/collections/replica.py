@@ -59,6 +59,7 @@ class Replica:
         self.counter_writing: CounterPending | None = None
         self.counter_before = 0
         self.offers: list[bytes] = []
+        self.offers_writing: asyncio.Future[None] | None = None  # done when a flush wrote them
         self.used = time.monotonic()
         self.task: asyncio.Task[None] | None = None
         self.failing = False  # the last load failed: reads do not wait for the next
