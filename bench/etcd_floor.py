@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from bench.go_build import build  # noqa: E402
 from o41.state.etcd import EtcdStore  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.kube import bin_dir  # noqa: E402
@@ -62,13 +63,7 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=1000, help="per Python round")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        program = Path(tmp) / "etcd-floor"
-        subprocess.run(
-            ["go", "build", "-o", str(program), "."],
-            cwd=ROOT / "bench" / "etcd_floor",
-            check=True,
-            env={**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"},
-        )
+        program = build("etcd_floor", Path(tmp))
         cluster = EtcdCluster(bin_dir() / "etcd", Path(tmp) / "etcd", size=3).start()
         try:
             leader = cluster.endpoints[cluster.leader()]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from bench.go_build import build  # noqa: E402
 from bench.sky_collections import Result, Service, dict_get, dict_set  # noqa: E402
 from testbed.etcd import EtcdCluster  # noqa: E402
 from testbed.kube import bin_dir  # noqa: E402
@@ -43,13 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     per_round = args.ops // args.rounds
     with tempfile.TemporaryDirectory(prefix="o41-go-hop-") as tmp:
-        program = Path(tmp) / "go-hop"
-        subprocess.run(
-            ["go", "build", "-o", str(program), "."],
-            cwd=ROOT / "bench" / "go_hop",
-            check=True,
-            env={**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"},
-        )
+        program = build("go_hop", Path(tmp))
         cluster = EtcdCluster(bin_dir() / "etcd", Path(tmp) / "etcd", size=3).start()
         port = free_port()
         go = Server(

@@ -24,20 +24,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# each operation: Skyward's name for it, ours, and the name for the row of 16
+# workers (None: "<operation>, 16 workers")
+OPERATIONS = [
+    ("strong get", "get", "strong get", None),
+    ("strong set", "set", "strong set", None),
+    ("counter add", "add", "counter add", None),
+    ("queue offer", "offer", "queue offer", None),
+    ("queue poll", "poll", "queue poll", None),
+    ("lock acquire+release", "lock", "lock acquire+release", "16 workers on one lock"),
+]
 # (the row, Skyward's op, ours, workers)
 ROWS = [
-    ("strong get, 1 worker", "get", "strong get", 1),
-    ("strong get, 16 workers", "get", "strong get", 16),
-    ("strong set, 1 worker", "set", "strong set", 1),
-    ("strong set, 16 workers", "set", "strong set", 16),
-    ("counter add, 1 worker", "add", "counter add", 1),
-    ("counter add, 16 workers", "add", "counter add", 16),
-    ("queue offer, 1 worker", "offer", "queue offer", 1),
-    ("queue offer, 16 workers", "offer", "queue offer", 16),
-    ("queue poll, 1 worker", "poll", "queue poll", 1),
-    ("queue poll, 16 workers", "poll", "queue poll", 16),
-    ("lock acquire+release, 1 worker", "lock", "lock acquire+release", 1),
-    ("16 workers on one lock", "lock", "lock acquire+release", 16),
+    (f"{what}, 1 worker" if n == 1 else (many or f"{what}, 16 workers"), theirs, ours, n)
+    for what, theirs, ours, many in OPERATIONS
+    for n in (1, 16)
 ]
 SKYWARD = re.compile(r"skyward strong\s+(\w+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+(\d+)")
 OURS = re.compile(r"(before|owners)\s+(.+?)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+(\d+)\s")

@@ -16,7 +16,7 @@ from o41.collections import values as encoding
 from o41.collections.checks import BadRequest, Busy, collection_prefix
 from o41.collections.engine import Engine
 from o41.collections.keys import encode_key
-from o41.state import Compare, KeyValue, Op, Put, StoreUnavailable, TxnResult
+from o41.state import Compare, Consistency, KeyValue, Op, Put, StoreUnavailable, TxnResult
 from o41.state.memory import MemoryStore
 
 
@@ -187,12 +187,14 @@ async def test_keys_of_a_flush_in_doubt_sent_again_keep_the_order_they_were_writ
 
 class HeldWrites(MemoryStore):
     """The embedded store, whose writing transactions wait until ``release`` is set (a
-    batch in flight while more writes arrive), counting them."""
+    batch in flight while more writes arrive), counting them, and counting the reads
+    (ranges and transactions that write nothing), which are not held."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = asyncio.Event()
         self.txns = 0
+        self.reads = 0
 
     async def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
@@ -200,7 +202,23 @@ class HeldWrites(MemoryStore):
         if any(isinstance(op, Put) for op in success):
             self.txns += 1
             await self.release.wait()
+        else:
+            self.reads += 1
         return await super().txn(compare, success, failure)
+
+    async def range(
+        self,
+        prefix: bytes,
+        *,
+        limit: int = 0,
+        consistency: Consistency = "strong",
+        start: bytes = b"",
+        end: bytes = b"",
+    ) -> list[KeyValue]:
+        self.reads += 1
+        return await super().range(
+            prefix, limit=limit, consistency=consistency, start=start, end=end
+        )
 
 
 async def test_a_write_during_a_batch_in_flight_waits_for_a_batch_of_its_own() -> None:
@@ -344,9 +362,11 @@ async def test_an_eventual_poll_takes_its_own_offers_while_they_are_written(ids:
         await call(engine, "queue", "q", "offer", value=b"%d" % n, consistency="eventual")
     flushing = loop.create_task(engine.flush())
     await until(lambda: store.txns == 1, "the offers' write in flight")
+    reads = store.reads
     polling = asyncio.ensure_future(poll())
-    for _ in range(10):  # the poll reaches the replica while the write is held
-        await asyncio.sleep(0)
+    # the embedded store answers at once: once the poll's claim has read etcd's head, the
+    # poll has either answered or suspended where it waits for the write
+    await until(lambda: store.reads > reads, "the poll's claim to read the queue")
     assert not polling.done()  # it waits for the write, where it answered None
     store.release.set()
     await flushing

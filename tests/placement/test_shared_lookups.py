@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -20,6 +21,7 @@ from o41.webhook.identity import tokens
 from o41.webhook.identity.auth import Caller, KubernetesTokenReviewer
 from o41.webhook.identity.service_tokens import ServiceTokens
 from o41.webhook.records import Pending
+from test_records import PENDING
 
 
 def jwt(claims: dict[str, Any]) -> str:
@@ -195,23 +197,9 @@ def test_jsontext_round_trips_what_the_standard_library_did(value: Any) -> None:
 
 
 def test_a_pending_record_reads_back_as_it_was_written() -> None:
-    pending = Pending(
-        organization="ml",
-        artifact="ckpt",
-        version="0193a1b2c3d4-9f8e7d6c5b4a3f2e",
-        namespace="ml",
-        location="east",
-        key="ckpt/0193a1b2c3d4-9f8e7d6c5b4a3f2e",
-        rule="same-region",
-        cloud="aws",
-        region="us-east-1",
-        source="env",
-        size=1024,
-        md5=None,
-        upload_id=None,
-        parts=1,
-        began=1765000000.123456,
-        metadata={"step": 7, "note": "caf\u00e9", "huge": 2**70},
+    # the standard library's cases for orjson: text past ASCII, an integer past 64 bits
+    pending = dataclasses.replace(
+        PENDING, began=1765000000.123456, metadata={"step": 7, "note": "caf\u00e9", "huge": 2**70}
     )
     raw = pending.dump()
     assert b", " not in raw and b": " not in raw  # compact

@@ -340,11 +340,11 @@ class StrongQueue:
                 for key, kv in pairs:
                     answers[key] = kv.value
                 self.head = max(self.head, _sequence(pairs[-1][1].key) + 1)
-                self._forget(self.head)
+                self.forget(self.head)
                 todo = todo[len(pairs) :]
                 heads = self._known_heads(len(todo))
             else:  # claimed by another poll, a repeat landed, or an older item: read again
-                self._forget(None)
+                self.forget()
         raise Busy("the queue is contended by other replicas: try again")
 
     def _learn(self, kv: KeyValue) -> None:
@@ -362,19 +362,16 @@ class StrongQueue:
         items up to the last of them (a known one among them that it did not find is
         gone), and there is none after them if it found fewer."""
         if len(heads) < limit:
-            self._forget(None)
+            self.forget()
         elif heads:
             last = _sequence(heads[-1].key)
             self._drop([q for q in self.known_items if q <= last])
         for kv in heads:
             self._learn(kv)
 
-    def forget(self) -> None:
-        """The items were deleted (a clear): none is known any more."""
-        self._forget(None)
-
-    def _forget(self, before: int | None) -> None:
-        """Forget the items before sequence ``before`` (claimed), or all (None: stale)."""
+    def forget(self, before: int | None = None) -> None:
+        """Forget the items before sequence ``before`` (claimed), or all (None: stale, or
+        deleted by a clear)."""
         if before is None:
             self.known_items.clear()
             self.known_bytes = 0
@@ -418,7 +415,7 @@ class StrongQueue:
                 if taken:
                     got += [kv.value for kv in taken]
                     self.head = _sequence(taken[-1].key) + 1
-                    self._forget(self.head)
+                    self.forget(self.head)
                     continue
             heads = await self.store.range(self.items, limit=1)
             if not heads:
