@@ -28,6 +28,8 @@ import pytest
 
 from o41.client.collections import Client
 from o41.client.connection import Connection
+from test_chart_remote_monitoring import rule_groups
+from test_metrics import NAME, scrape
 from testbed.etcd import EtcdCluster
 from testbed.kube import ControlPlane
 from testbed.product import PlacementProcess, TierProcess
@@ -246,6 +248,19 @@ def test_the_tier_serves_nothing_of_artifacts(
         assert "this is a collections tier" in answer["error"]
         assert "artifact calls to the hub" in answer["error"]
     assert call(tier.url, "/readyz", method="GET") == (200, {"status": "ready"})
+
+
+def test_the_remote_charts_alerts_read_only_what_the_tier_and_its_etcd_export(
+    tier: TierProcess, tier_etcd: EtcdCluster
+) -> None:
+    """The o41-remote chart's O41Tier* rules (tests/chart/test_chart_remote_monitoring.py)
+    name only metrics a real tier and its etcd export: a misspelt name would never fire."""
+    exported = scrape(f"{tier.url}/metrics")[1] | scrape(f"{tier_etcd.endpoints[0]}/metrics")[1]
+    used = {n for g in rule_groups() for r in g["rules"] for n in NAME.findall(r["expr"])}
+    assert {"o41_http_requests_total", "etcd_mvcc_db_total_size_in_bytes"} <= used
+    assert not sorted(used - exported), (
+        f"the tier's alerts read names nobody exports: {used - exported}"
+    )
 
 
 def test_the_tier_keeps_serving_strong_operations_when_its_etcd_loses_a_member(
