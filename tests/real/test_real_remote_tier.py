@@ -108,17 +108,19 @@ class Tier(OnTheNode):
                                                      "--tail=30", check=False))  # fmt: skip
         return "\n".join(out)[-8000:]
 
-    def client(self, namespace: str = NAMESPACE) -> Client:
-        """The tier through its Service, as a pod of ``namespace`` (its default
-        ServiceAccount's token for the hub's audience): the test process reaches the
-        ClusterIP through kube-proxy's rules, as a pod does."""
+    def client(
+        self, namespace: str = NAMESPACE, release: tuple[str, str] = (TIER, NAMESPACE)
+    ) -> Client:
+        """The tier ``release`` (its Service's name and namespace) through its Service, as a
+        pod of ``namespace`` (its default ServiceAccount's token for the hub's audience):
+        the test process reaches the ClusterIP through kube-proxy's rules, as a pod does."""
         self.kubectl("create", "namespace", namespace, check=False)  # ml-other: made here
         token = wait_for(  # a new namespace's default ServiceAccount comes a moment later
             lambda: self.kubectl("-n", namespace, "create", "token", "default",
                                  f"--audience={AUDIENCE}", "--duration=1h", check=False).strip(),
             60, f"a token of {namespace}/default",
         )  # fmt: skip
-        service = self.json("service", TIER, "-n", NAMESPACE)
+        service = self.json("service", release[0], "-n", release[1])
         endpoint = f"http://{service['spec']['clusterIP']}:8080"
         return Client(HttpTransport(endpoint, token=token, timeout=30), compute=COMPUTE)
 
@@ -317,3 +319,76 @@ def test_the_tier_keeps_answering_while_an_etcd_member_is_gone(tier: Tier) -> No
     assert {k: shared[k] for k in (f"k{i}" for i in range(1, done))} == {
         f"k{i}": str(i) for i in range(1, done)
     }
+
+
+def test_a_gitops_apply_with_the_certificates_job_gives_a_working_tier_and_keeps_its_cas(
+    tier: Tier,
+) -> None:
+    """collections.etcd.tls.generator=job on real pods, applied as Argo CD does (kubectl
+    apply of `helm template`): the Job runs the project's image and makes etcd's
+    certificates, the members form their cluster over TLS with them, the tier reaches them
+    with its client certificate and serves a job's collections; a second apply of a second
+    render changes no CA and restarts no pod."""
+    release, namespace = "g", "ml-gitops"
+
+    def render() -> str:
+        done = helm_run(
+            tier.kubeconfig, "template", release, str(REMOTE), "--namespace", namespace,
+            "-f", str(tier.directory / "values.yaml"),
+            "--set", "collections.etcd.tls.generator=job",
+            "--set", "collections.etcd.persistence.enabled=false",
+            "--set", "collections.replicas=1",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def pods() -> dict[str, dict[str, Any]]:
+        items = tier.json("pods", "-n", namespace)["items"]
+        component = "app.kubernetes.io/component"
+        return {p["metadata"]["name"]: p for p in items
+                if p["metadata"]["labels"].get(component) != "certificates"}  # fmt: skip
+
+    def workloads_ready() -> bool:
+        found = pods()
+        return len(found) == 4 and all(ready(p) for p in found.values())
+
+    secrets = [f"{release}-o41-remote-etcd-{r}-tls" for r in ("server", "peer", "client")]
+
+    def cas() -> dict[str, str]:
+        data = {s: tier.json("secret", s, "-n", namespace)["data"] for s in secrets}
+        return {s: d["ca.crt"] + d["tls.crt"] for s, d in data.items()}
+
+    rendered = render()
+    (job,) = [
+        d["metadata"]["name"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Job"
+    ]
+    tier.kubectl("create", "namespace", namespace)
+    try:
+        tier.kubectl("apply", "-n", namespace, "-f", "-", input=rendered)
+        tier.kubectl("wait", "--for=condition=Complete", f"job/{job}", "-n", namespace,
+                     "--timeout=300s")  # fmt: skip
+        log = tier.kubectl("logs", f"job/{job}", "-n", namespace)
+        assert "etcd TLS: made" in log, log
+        try:
+            wait_for(workloads_ready, 300, "the GitOps-applied tier's and etcd's pods to be Ready")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{tier.diagnose()}") from None
+        # the tier on the etcd the Job's certificates made: a strong write read back
+        client = tier.client(namespace, (f"{release}-o41-remote-collections", namespace))
+        client.counter("gitops").add(5)
+        assert client.counter("gitops").get() == 5
+        before, uids = cas(), {n: p["metadata"]["uid"] for n, p in pods().items()}
+
+        # the next sync: a second render, the same text, applied again
+        again = render()
+        assert again == rendered
+        tier.kubectl("apply", "-n", namespace, "-f", "-", input=again)
+        assert cas() == before
+        assert {n: p["metadata"]["uid"] for n, p in pods().items()} == uids
+        assert workloads_ready() and client.counter("gitops").get() == 5
+    finally:
+        tier.kubectl("delete", "-n", namespace, "--wait=false", "--ignore-not-found", "-f", "-",
+                     input=rendered, check=False)  # fmt: skip
+        tier.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        wait_for(lambda: gone(tier.kubeconfig, "namespace", namespace), 180,
+                 "the GitOps namespace to go")  # fmt: skip
