@@ -7,6 +7,7 @@ queries name only exported metrics is tests/placement/test_metrics.py's (it scra
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,6 +43,35 @@ def promtool() -> Path:
     return path
 
 
+def promtool_test(
+    groups: list[Doc], tmp_path: Path, tests: Path = TESTS
+) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` of the unit tests ``tests`` on ``groups`` (as rules.yaml)."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    shutil.copy(tests, tmp_path / tests.name)
+    return subprocess.run(
+        [promtool(), "test", "rules", tests.name],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+SELECTOR = re.compile(r"\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}")
+
+
+def assert_scoped(groups: list[Doc], namespace: str, job: str) -> None:
+    """Each metric an expression reads is matched on ``namespace`` and a job the regex
+    ``job`` finds in its matchers, and no metric of it is read bare."""
+    for group in groups:
+        for rule in group["rules"]:
+            reads = SELECTOR.findall(rule["expr"])
+            assert reads, rule["alert"]
+            for metric, matchers in reads:
+                assert f'namespace="{namespace}"' in matchers, (rule["alert"], metric)
+                assert re.search(job, matchers), (rule["alert"], metric)
+            names = set(re.findall(r"\b((?:o41|etcd|up)[a-z0-9_:]*)\b(?=\{|\[)", rule["expr"]))
+            assert names <= {m for m, _ in reads}, rule["alert"]
+
+
 def rule_groups(*sets: str) -> list[Doc]:
     (rule,) = [d for d in render("monitoring.prometheusRule.enabled=true", *sets)
                if d["kind"] == "PrometheusRule"]  # fmt: skip
@@ -57,18 +87,13 @@ def test_monitoring_is_off_by_default() -> None:
 
 
 def test_every_alert_passes_its_promtool_unit_tests(tmp_path: Path) -> None:
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups()}))
-    shutil.copy(TESTS, tmp_path / TESTS.name)
+    done = promtool_test(rule_groups(), tmp_path)
     check = subprocess.run(
         [promtool(), "check", "rules", "rules.yaml"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in check.stdout
-    done = subprocess.run(
-        [promtool(), "test", "rules", TESTS.name],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
     # every alert of the chart has a test that makes it fire, and one where it must not
@@ -82,12 +107,7 @@ def test_every_alert_passes_its_promtool_unit_tests(tmp_path: Path) -> None:
 def test_a_broken_alert_fails_its_promtool_test(tmp_path: Path) -> None:
     """The unit tests do test: a threshold moved makes them fail."""
     groups = rule_groups("monitoring.prometheusRule.fallbackShare=1")  # never over 100%
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    shutil.copy(TESTS, tmp_path / TESTS.name)
-    done = subprocess.run(
-        [promtool(), "test", "rules", TESTS.name],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = promtool_test(groups, tmp_path)
     assert done.returncode != 0
     assert "O41FallbackShareHigh" in done.stdout + done.stderr
 
@@ -171,31 +191,14 @@ def test_every_rule_reads_only_this_releases_series() -> None:
     """Each metric an expression reads is matched on the release's namespace and one of its
     jobs; without that scope the cluster's own etcd (job="kube-etcd") at its quota fires
     O41EtcdNoSpace, as the promtool case below shows."""
-    import re
-
-    selector = re.compile(r"\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}")
-    for group in rule_groups():
-        for rule in group["rules"]:
-            reads = selector.findall(rule["expr"])
-            assert reads, rule["alert"]
-            for metric, matchers in reads:
-                assert 'namespace="o41-system"' in matchers, (rule["alert"], metric)
-                assert re.search(r'job=~?"o41-artifacts-', matchers), (rule["alert"], metric)
-            # every metric name of the expression is one of those selectors (no bare read)
-            names = set(re.findall(r"\b((?:o41|etcd|up)[a-z0-9_:]*)\b(?=\{|\[)", rule["expr"]))
-            assert names <= {m for m, _ in reads}, rule["alert"]
+    assert_scoped(rule_groups(), "o41-system", r'job=~?"o41-artifacts-')
 
 
 def test_without_the_scope_the_clusters_own_etcd_would_page(tmp_path: Path) -> None:
     """The kube-etcd series of the unit tests are a real trap: matchers that let any job in
     make O41EtcdNoSpace and O41EtcdDatabaseNearQuota fire for them, so the cases fail."""
     groups = rule_groups('monitoring.prometheusRule.selectors.etcd=namespace=~".+"')
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    shutil.copy(TESTS, tmp_path / TESTS.name)
-    done = subprocess.run(
-        [promtool(), "test", "rules", TESTS.name],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = promtool_test(groups, tmp_path)
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert "O41EtcdNoSpace" in out and "kube-etcd" in out

@@ -45,6 +45,17 @@ def docs_of(text: str) -> list[Doc]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
+def mounted_secrets(docs: list[Doc]) -> set[str]:
+    """The Secrets the rendered Deployments and StatefulSets mount."""
+    return {
+        v["secret"]["secretName"]
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        for v in d["spec"]["template"]["spec"].get("volumes", [])
+        if "secret" in v
+    }
+
+
 def test_two_renders_are_byte_identical() -> None:
     first, second = (template("o41", "o41-system", *GITOPS) for _ in range(2))
     assert first == second
@@ -65,13 +76,7 @@ def test_the_plan_names_what_the_pods_mount() -> None:
     docs = docs_of(template("o41", "o41-system", *GITOPS))
     (container,) = find(docs, "Job", "")["spec"]["template"]["spec"]["containers"]
     plan = certificates.Plan.parse(container["args"][container["args"].index("--plan") + 1])
-    mounted = {
-        v["secret"]["secretName"]
-        for d in docs
-        if d["kind"] in ("Deployment", "StatefulSet")
-        for v in d["spec"]["template"]["spec"].get("volumes", [])
-        if "secret" in v
-    }
+    mounted = mounted_secrets(docs)
     # the operator mounts the webhook's, etcd the server's and peer's, the service the client's
     assert mounted == {plan.webhook_secret, *plan.etcd_secrets.values()}
     assert (

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from o41.kube import certificates
 from test_chart import Doc, run_helm
-from test_chart_gitops import apply, cert, run_the_job
+from test_chart_gitops import apply, cert, mounted_secrets, run_the_job
 from test_chart_remote import HUB, REMOTE
 from testbed.kube import Kube
 
@@ -69,13 +69,7 @@ def test_the_plan_is_what_the_pods_mount_and_etcd_checks() -> None:
     clients' CA, the peer one of a CA of its own with the common name etcd allows."""
     docs = docs_of(template("w", "ml", *GITOPS))
     plan = plan_of(the(docs, "Job"))
-    mounted = {
-        v["secret"]["secretName"]
-        for d in docs
-        if d["kind"] in ("Deployment", "StatefulSet")
-        for v in d["spec"]["template"]["spec"].get("volumes", [])
-        if "secret" in v
-    }
+    mounted = mounted_secrets(docs)
     assert mounted == set(plan.etcd_secrets.values())
     assert not plan.webhook_secret  # the remote chart has no webhook
     made = certificates.etcd_set(plan)

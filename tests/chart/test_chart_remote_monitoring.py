@@ -7,15 +7,13 @@ metric names are what a real tier and etcd export is tests/collections/test_coll
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from test_alerts import promtool
+from test_alerts import assert_scoped, promtool, promtool_test
 from test_chart import REPO, run_helm
 from test_chart_remote_tier import ETCD, ON, TIER, Doc, one, render
 
@@ -43,15 +41,6 @@ def rule_groups(*values: str, more: tuple[str, ...] = ()) -> list[Doc]:
     return groups
 
 
-def promtool_test(groups: list[Doc], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    shutil.copy(TESTS, tmp_path / TESTS.name)
-    return subprocess.run(
-        [promtool(), "test", "rules", TESTS.name],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
 def test_off_by_default_even_with_the_tier_and_lint_clean_when_on() -> None:
     kinds = {d["kind"] for d in render(*ON)}
     assert kinds.isdisjoint({"ServiceMonitor", "PrometheusRule"})
@@ -63,15 +52,14 @@ def test_off_by_default_even_with_the_tier_and_lint_clean_when_on() -> None:
 
 def test_every_alert_passes_its_promtool_unit_tests(tmp_path: Path) -> None:
     groups = rule_groups()
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    done = promtool_test(groups, tmp_path, TESTS)
+    assert done.returncode == 0, done.stdout + done.stderr
     check = subprocess.run(
         [promtool(), "check", "rules", "rules.yaml"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in check.stdout
-    done = promtool_test(groups, tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
     # every alert has a case that makes it fire, and the rule names are the documented ones
     cases = [c for t in yaml.safe_load(TESTS.read_text())["tests"] for c in t["alert_rule_test"]]
     assert {c["alertname"] for c in cases if c["exp_alerts"]} == ALERTS
@@ -91,22 +79,13 @@ def test_a_moved_threshold_fails_its_promtool_test(
     flags: tuple[str, str], alert: str, tmp_path: Path
 ) -> None:
     """The unit tests do test: the thresholds come from values, and one moved fails them."""
-    done = promtool_test(rule_groups(more=flags), tmp_path)
+    done = promtool_test(rule_groups(more=flags), tmp_path, TESTS)
     assert done.returncode != 0
     assert alert in done.stdout + done.stderr
 
 
 def test_every_rule_reads_only_this_releases_series() -> None:
-    selector = re.compile(r"\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}")
-    for group in rule_groups():
-        for rule in group["rules"]:
-            reads = selector.findall(rule["expr"])
-            assert reads, rule["alert"]
-            for metric, matchers in reads:
-                assert 'namespace="ml"' in matchers, (rule["alert"], metric)
-                assert re.search(rf'job="({TIER}|{ETCD})"', matchers), (rule["alert"], metric)
-            names = set(re.findall(r"\b((?:o41|etcd|up)[a-z0-9_:]*)\b(?=\{|\[)", rule["expr"]))
-            assert names <= {m for m, _ in reads}, rule["alert"]
+    assert_scoped(rule_groups(), "ml", rf'job="({TIER}|{ETCD})"')
 
 
 def test_scraped_another_way_the_selectors_replace_the_jobs(tmp_path: Path) -> None:
@@ -119,7 +98,7 @@ def test_scraped_another_way_the_selectors_replace_the_jobs(tmp_path: Path) -> N
     assert any('up{app="tier-etcd"}' in e for e in exprs)
     assert any('o41_http_requests_total{app="tier",status=~"5.."}' in e for e in exprs)
     # the unit tests' series carry the default jobs: with other selectors nothing fires
-    assert promtool_test(groups, tmp_path).returncode != 0
+    assert promtool_test(groups, tmp_path, TESTS).returncode != 0
 
 
 def test_each_alert_has_a_runbook_section_in_operations_md() -> None:
