@@ -16,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import yaml
@@ -154,8 +155,17 @@ def cas(kube: Kube, namespace: str, secrets: list[str], config: str) -> dict[str
     return found
 
 
+class Cluster(Protocol):
+    """A cluster's admin kubeconfig and kubectl: the ``kube`` fixture's, or a ControlPlane's."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str: ...
+
+
 def run_the_job(
-    kube: Kube, namespace: str, job: Doc, where: Path
+    kube: Cluster, namespace: str, job: Doc, where: Path
 ) -> subprocess.CompletedProcess[str]:
     """The Job's container's command, here, with the Job's ServiceAccount's token."""
     spec = job["spec"]["template"]["spec"]

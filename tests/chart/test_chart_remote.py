@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from test_chart import REPO, helm, run_helm
+from test_chart_gitops import run_the_job
 from testbed.kube import SELF, ControlPlane, bin_dir
 from testbed.pki import Authority
 
@@ -118,7 +119,7 @@ def test_installed_its_opt_in_lets_the_hub_fetch_the_keys_by_discovery(
 
 
 def test_installed_with_the_tier_it_may_only_review_tokens_and_an_upgrade_keeps_its_certs(
-    workload: ControlPlane,
+    workload: ControlPlane, tmp_path: Path
 ) -> None:
     """collections.enabled through the API server (each object accepted as rendered), the
     tier's ServiceAccount allowed TokenReviews and nothing else, and etcd's certificates
@@ -162,6 +163,19 @@ def test_installed_with_the_tier_it_may_only_review_tokens_and_an_upgrade_keeps_
         endpoint = workload.kubectl("get", "configmap", "t-o41-remote-hub", "-n", "ml-tier",
                                     "-o", "jsonpath={.data.collectionsEndpoint}")  # fmt: skip
         assert endpoint == "http://t-o41-remote-collections.ml-tier.svc:8080"
+
+        # to the certificates Job (GitOps): the render has no Secret any more, Helm keeps
+        # them (resource-policy keep), and the Job's code finds and keeps the same set
+        done = helm_here("upgrade", "t", str(REMOTE), "--namespace", "ml-tier", "--reuse-values",
+                         "--set", "collections.etcd.tls.generator=job")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert certificates() == before
+        manifest = helm_here("get", "manifest", "t", "--namespace", "ml-tier").stdout
+        (job,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Job"]
+        kept = run_the_job(workload, "ml-tier", job, tmp_path)
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert "etcd TLS: kept" in kept.stdout
+        assert certificates() == before
     finally:
         done = helm_here("uninstall", "t", "--namespace", "ml-tier")
         assert done.returncode == 0, done.stderr
