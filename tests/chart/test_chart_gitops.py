@@ -13,10 +13,8 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 import yaml
@@ -25,10 +23,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from o41.kube import certificates
 from test_chart import CHART, Doc, find, run_helm
-from test_chart_install import Release
+from test_chart_install import Release, run_the_job
 from testbed.kube import Kube, kubectl_binary
-
-from support import token_kubeconfig
 
 GITOPS = ("certificates.generator=job", "etcd.persistence.enabled=false")
 
@@ -153,33 +149,6 @@ def cas(kube: Kube, namespace: str, secrets: list[str], config: str) -> dict[str
     for hook in hooks["webhooks"]:
         found[hook["name"]] = hook["clientConfig"].get("caBundle", "")
     return found
-
-
-class Cluster(Protocol):
-    """A cluster's admin kubeconfig and kubectl: the ``kube`` fixture's, or a ControlPlane's."""
-
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str: ...
-
-
-def run_the_job(
-    kube: Cluster, namespace: str, job: Doc, where: Path
-) -> subprocess.CompletedProcess[str]:
-    """The Job's container's command, here, with the Job's ServiceAccount's token."""
-    spec = job["spec"]["template"]["spec"]
-    token = kube.kubectl(
-        "create", "token", spec["serviceAccountName"], "-n", namespace, "--duration=1h"
-    ).strip()
-    config = token_kubeconfig(kube.kubeconfig, token, "certificates", where / "job.kubeconfig")
-    (container,) = spec["containers"]
-    assert container["args"][:3] == ["python", "-m", "o41.kube.certificates"]
-    return subprocess.run(
-        [sys.executable, *container["args"][1:],
-         "--kubeconfig", str(config), "--wait-seconds", "30"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
 
 
 def cert(b64: str) -> x509.Certificate:

@@ -22,9 +22,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
+import yaml
 
 from test_chart import CHART, helm
 from testbed.kube import Kube, kubectl_binary
@@ -129,6 +130,36 @@ def release(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
     finally:
         rel.helm("uninstall", name, "--namespace", namespace, check=False)
         kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+# --- the certificates Job (certificates.generator=job), its code run here ------------------
+
+
+class Cluster(Protocol):
+    """A cluster's admin kubeconfig and kubectl: the ``kube`` fixture's, or a ControlPlane's."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str: ...
+
+
+def run_the_job(
+    kube: Cluster, namespace: str, job: dict[str, Any], where: Path
+) -> subprocess.CompletedProcess[str]:
+    """The Job's container's command, here, with the Job's ServiceAccount's token."""
+    spec = job["spec"]["template"]["spec"]
+    token = kube.kubectl(
+        "create", "token", spec["serviceAccountName"], "-n", namespace, "--duration=1h"
+    ).strip()
+    config = kubeconfig_for(kube.kubeconfig, token, "certificates", where / "job.kubeconfig")
+    (container,) = spec["containers"]
+    assert container["args"][:3] == ["python", "-m", "o41.kube.certificates"]
+    return subprocess.run(
+        [sys.executable, *container["args"][1:],
+         "--kubeconfig", str(config), "--wait-seconds", "30"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 def test_install_makes_every_workload_ready_and_points_the_webhook_at_the_operator(
@@ -452,6 +483,41 @@ def test_rbac_lets_the_operator_and_service_work_and_no_more(release: Release, s
         service.stop()
         operator.stop()
         kube.kubectl("delete", "namespace", writers, "--wait=false", check=False)
+
+
+def test_an_upgrade_to_the_certificates_job_keeps_helms_certificates_once_marked_kept(
+    release: Release,
+) -> None:
+    """certificates.generator=job on a release whose certificates Helm made: the upgrade's
+    render has none of those Secrets, so Helm would delete them and the Job would make a
+    new set under the running members; it is refused, saying how to keep them, and once
+    they are marked kept the upgrade leaves them and the Job's code keeps them."""
+    names = [f"{release.fullname}-webhook-tls"]
+    names += [f"{release.fullname}-etcd-{role}-tls" for role in ("server", "peer", "client")]
+    before = {name: release.get("secret", name)["data"] for name in names}
+    upgrade = ("upgrade", release.name, str(CHART), "-n", release.namespace, "--reuse-values",
+               "--set", "certificates.generator=job")  # fmt: skip
+    done = release.helm(*upgrade, check=False)
+    assert done.returncode != 0
+    advice = f"kubectl -n {release.namespace} annotate secret {' '.join(names)} "
+    assert advice + "helm.sh/resource-policy=keep" in done.stderr, done.stderr
+    assert {name: release.get("secret", name)["data"] for name in names} == before
+    release.kube.kubectl("annotate", "secret", *names, "-n", release.namespace,
+                         "helm.sh/resource-policy=keep")  # fmt: skip
+    release.helm(*upgrade)
+    assert {name: release.get("secret", name)["data"] for name in names} == before
+    manifest = release.helm("get", "manifest", release.name, "-n", release.namespace).stdout
+    (job,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Job"]
+    kept = run_the_job(release.kube, release.namespace, job, release.directory)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "etcd TLS: kept" in kept.stdout and "webhook TLS: kept" in kept.stdout
+    assert {name: release.get("secret", name)["data"] for name in names} == before
+    config = release.get(
+        "validatingwebhookconfiguration", f"{release.fullname}.artifacts.o41.io", namespaced=False
+    )
+    assert {h["clientConfig"]["caBundle"] for h in config["webhooks"]} == {
+        before[names[0]]["ca.crt"]
+    }
 
 
 def test_uninstall_removes_the_release_and_keeps_the_crds_and_custom_resources(

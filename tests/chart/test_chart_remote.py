@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from test_chart import REPO, helm, run_helm
-from test_chart_gitops import run_the_job
+from test_chart_install import run_the_job
 from testbed.kube import SELF, ControlPlane, bin_dir
 from testbed.pki import Authority
 

@@ -23,7 +23,8 @@ from cryptography.x509.oid import NameOID
 
 from o41.kube import certificates
 from test_chart import Doc, run_helm
-from test_chart_gitops import apply, cert, mounted_secrets, run_the_job
+from test_chart_gitops import apply, cert, mounted_secrets
+from test_chart_install import run_the_job
 from test_chart_remote import HUB, REMOTE
 from testbed.kube import Kube
 
