@@ -169,6 +169,7 @@ def test_installed_with_the_tier_it_may_only_review_tokens_and_an_upgrade_keeps_
         done = helm_here("upgrade", "t", str(REMOTE), "--namespace", "ml-tier", "--reuse-values",
                          "--set", "collections.etcd.tls.generator=job")  # fmt: skip
         assert done.returncode == 0, done.stderr
+        assert "certificates are made in the cluster by a Job" in done.stdout  # the notes
         assert certificates() == before
         manifest = helm_here("get", "manifest", "t", "--namespace", "ml-tier").stdout
         (job,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Job"]
