@@ -165,9 +165,20 @@ def test_installed_with_the_tier_it_may_only_review_tokens_and_an_upgrade_keeps_
         assert endpoint == "http://t-o41-remote-collections.ml-tier.svc:8080"
 
         # to the certificates Job (GitOps): the render has no Secret any more, Helm keeps
-        # them (resource-policy keep), and the Job's code finds and keeps the same set
-        done = helm_here("upgrade", "t", str(REMOTE), "--namespace", "ml-tier", "--reuse-values",
-                         "--set", "collections.etcd.tls.generator=job")  # fmt: skip
+        # them (resource-policy keep), and the Job's code finds and keeps the same set;
+        # Secrets of an earlier chart, without the annotation, are refused with what to do
+        to_job = ("upgrade", "t", str(REMOTE), "--namespace", "ml-tier", "--reuse-values",
+                  "--set", "collections.etcd.tls.generator=job")  # fmt: skip
+        workload.kubectl("annotate", "secret", *secrets, "-n", "ml-tier",
+                         "helm.sh/resource-policy-")  # fmt: skip
+        done = helm_here(*to_job)
+        assert done.returncode != 0
+        advice = f"kubectl -n ml-tier annotate secret {' '.join(secrets)} helm.sh/resource-policy"
+        assert advice + "=keep" in done.stderr, done.stderr
+        assert certificates() == before
+        workload.kubectl("annotate", "secret", *secrets, "-n", "ml-tier",
+                         "helm.sh/resource-policy=keep")  # fmt: skip
+        done = helm_here(*to_job)
         assert done.returncode == 0, done.stderr
         assert "certificates are made in the cluster by a Job" in done.stdout  # the notes
         assert certificates() == before
